@@ -1,0 +1,79 @@
+// fmt support for tapegrad: `fmt::format("{}", tensor)` prints nested rows like Python lists,
+// `[[0.75, 0.25], [0.25, 0.75]]`; `{:.6}` sets the significant digits. Works for float, double
+// and the multiprecision types (which print all their digits unless a precision is given).
+// Shapes print as "[2x3]".
+#pragma once
+
+#include "autodiff/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace tapegrad {
+
+// One scalar as text: shortest round-trip form for float/double, `precision` significant digits
+// when precision > 0 (and for multiprecision types, all digits when it is 0).
+template <Scalar T>
+std::string format_scalar(const T& x, int precision = 0) {
+    if constexpr (std::floating_point<T>) {
+        return precision > 0 ? fmt::format("{:.{}g}", x, precision) : fmt::format("{}", x);
+    } else {
+        return x.str(precision > 0 ? precision : std::numeric_limits<T>::digits10, std::ios_base::fmtflags{});
+    }
+}
+
+}  // namespace tapegrad
+
+template <>
+struct fmt::formatter<tapegrad::Shape> : fmt::formatter<std::string> {
+    auto format(const tapegrad::Shape& shape, format_context& context) const {
+        return fmt::formatter<std::string>::format(shape.to_string(), context);
+    }
+};
+
+template <tapegrad::Scalar T>
+struct fmt::formatter<tapegrad::Tensor<T>> {
+    int precision = 0;
+
+    constexpr auto parse(format_parse_context& context) {
+        auto it = context.begin();
+        if (it != context.end() && *it == '.') {
+            ++it;
+            int digits = 0;
+            while (it != context.end() && *it >= '0' && *it <= '9') digits = digits * 10 + (*it++ - '0');
+            precision = digits;
+        }
+        if (it != context.end() && *it != '}') throw fmt::format_error("tensor format: expected '.N' or nothing");
+        return it;
+    }
+
+    auto format(const tapegrad::Tensor<T>& tensor, format_context& context) const {
+        const tapegrad::Shape& shape = tensor.shape();
+        std::string text;
+        if (shape.rank() == 0) {
+            text = tapegrad::format_scalar(tensor[0], precision);
+        } else {
+            // Open a bracket at every axis boundary the flat index crosses, close likewise.
+            for (std::size_t flat = 0; flat < tensor.size(); ++flat) {
+                std::size_t opened = 0, stride = 1;
+                for (std::size_t axis = shape.rank(); axis-- > 0;) {
+                    stride *= shape[axis];
+                    if (flat % stride == 0) ++opened;
+                }
+                if (flat > 0) text += ", ";
+                text.append(opened, '[');
+                text += tapegrad::format_scalar(tensor[flat], precision);
+                std::size_t closed = 0;
+                stride = 1;
+                for (std::size_t axis = shape.rank(); axis-- > 0;) {
+                    stride *= shape[axis];
+                    if ((flat + 1) % stride == 0) ++closed;
+                }
+                text.append(closed, ']');
+            }
+            if (tensor.size() == 0) text = std::string(shape.rank(), '[') + std::string(shape.rank(), ']');
+        }
+        return fmt::format_to(context.out(), "{}", text);
+    }
+};

@@ -1,0 +1,70 @@
+// Dense kernels shared by the ops: matrix products in the three forms the matmul VJPs need
+// (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to Eigen's GEMM
+// (blocked and vectorised, well kept, far faster than a loop we would write); any other scalar
+// (the 50-digit reference type) takes a plain loop ordered for contiguous access.
+#pragma once
+
+#include "autodiff/tensor.hpp"
+
+#include <Eigen/Core>
+
+#include <cstddef>
+#include <type_traits>
+
+namespace tapegrad::kernels {
+
+enum class Form { ab, abT, aTb };
+
+// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
+// ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
+template <Scalar T>
+void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C, bool accumulate) {
+    if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
+        using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+        using ConstMap = Eigen::Map<const Matrix>;
+        Eigen::Map<Matrix> c(C, Eigen::Index(m), Eigen::Index(n));
+        const auto product = [&](const auto& expression) {
+            if (accumulate) {
+                c.noalias() += expression;
+            } else {
+                c.noalias() = expression;
+            }
+        };
+        const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
+        switch (form) {
+            case Form::ab: product(ConstMap(A, mi, ki) * ConstMap(B, ki, ni)); break;
+            case Form::abT: product(ConstMap(A, mi, ki) * ConstMap(B, ni, ki).transpose()); break;
+            case Form::aTb: product(ConstMap(A, ki, mi).transpose() * ConstMap(B, ki, ni)); break;
+        }
+    } else {
+        if (!accumulate) {
+            for (std::size_t x = 0; x < m * n; ++x) C[x] = T(0);
+        }
+        switch (form) {
+            case Form::ab:  // C[i,j] += A[i,p] B[p,j]: stream rows of B
+                for (std::size_t i = 0; i < m; ++i)
+                    for (std::size_t p = 0; p < k; ++p) {
+                        const T a = A[i * k + p];
+                        for (std::size_t j = 0; j < n; ++j) C[i * n + j] += a * B[p * n + j];
+                    }
+                break;
+            case Form::abT:  // C[i,j] = row i of A · row j of B
+                for (std::size_t i = 0; i < m; ++i)
+                    for (std::size_t j = 0; j < n; ++j) {
+                        T dot(0);
+                        for (std::size_t p = 0; p < k; ++p) dot += A[i * k + p] * B[j * k + p];
+                        C[i * n + j] += dot;
+                    }
+                break;
+            case Form::aTb:  // C[i,j] += A[p,i] B[p,j]: stream rows of A and B together
+                for (std::size_t p = 0; p < k; ++p)
+                    for (std::size_t i = 0; i < m; ++i) {
+                        const T a = A[p * m + i];
+                        for (std::size_t j = 0; j < n; ++j) C[i * n + j] += a * B[p * n + j];
+                    }
+                break;
+        }
+    }
+}
+
+}  // namespace tapegrad::kernels

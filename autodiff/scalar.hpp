@@ -1,0 +1,60 @@
+// Scalar types tapegrad computes in, and the few math helpers that must work for all of them:
+// float, double, and Boost.Multiprecision's 50-digit binary float (the checker's reference type).
+#pragma once
+
+#include <boost/multiprecision/cpp_bin_float.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <limits>
+#include <type_traits>
+
+namespace tapegrad {
+
+// 50 significant decimal digits (about 168 bits). cpp_bin_float is header-only, stores its digits
+// inline (no heap allocation per element), and has expression templates off, so
+// `auto x = a * b;` holds a number, not an expression.
+using mp50 = boost::multiprecision::cpp_bin_float_50;
+
+template <class T>
+concept Scalar = std::floating_point<T> || boost::multiprecision::is_number<T>::value;
+
+// Unit roundoff of T (half the machine epsilon).
+template <Scalar T>
+T unit_roundoff() {
+    return std::numeric_limits<T>::epsilon() / 2;
+}
+
+// Converts any supported scalar to double (rounding), for reports and comparisons in double.
+template <Scalar T>
+double to_double(const T& x) {
+    if constexpr (std::floating_point<T>) {
+        return static_cast<double>(x);
+    } else {
+        return x.template convert_to<double>();
+    }
+}
+
+// 1/sqrt(n) computed in T's own precision (the attention scale 1/sqrt(d)); computing it in
+// double and converting would cap a 50-digit graph at 16 digits.
+template <Scalar T>
+T inv_sqrt(std::size_t n) {
+    using std::sqrt;
+    return T(1) / T(sqrt(T(n)));
+}
+
+template <Scalar T>
+bool is_nan(const T& x) {
+    using std::isnan;
+    using boost::multiprecision::isnan;
+    return isnan(x);
+}
+
+template <Scalar T>
+bool is_finite(const T& x) {
+    using std::isfinite;
+    using boost::multiprecision::isfinite;
+    return isfinite(x);
+}
+
+}  // namespace tapegrad

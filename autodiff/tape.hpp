@@ -1,0 +1,478 @@
+// Tape<T>: the reverse-mode engine. Each op appends one node (inputs, output, VJP) in creation
+// order, so `backward` is a single reverse sweep with no topological sort (as in Stan and Adept).
+// The tape knows nothing about any particular op: an op is a struct with `name`, `forward` and
+// `vjp` (see ops/), and the tape calls them through a table of function pointers.
+#pragma once
+
+#include "autodiff/error.hpp"
+#include "autodiff/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tapegrad {
+
+template <Scalar T>
+class Tape;
+
+inline constexpr std::size_t max_arity = 4;
+
+// The input tensors of one op, in order.
+template <Scalar T>
+using Inputs = std::span<const Tensor<T>* const>;
+
+// Settings an op keeps with its node: a constant factor and integer settings (flags, offsets,
+// indices). Constant tensors (masks, targets' one-hots, the probe G) are constant leaves instead.
+template <Scalar T>
+struct OpAttrs {
+    T scalar{};
+    std::vector<std::int64_t> ints{};
+};
+
+// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
+struct OpCost {
+    std::uint64_t forward_madds = 0;
+    std::uint64_t backward_madds = 0;
+};
+
+// The type-erased form of an op, built once per (op, scalar type) from the op's struct.
+template <Scalar T>
+struct OpKind {
+    std::string_view name;
+    // Writes the output (resizing `out`) and anything the VJP needs beyond the output (`saved`).
+    void (*forward)(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved);
+    // Writes into `din` (already shaped like input `which`) that input's VJP contribution.
+    void (*vjp)(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
+                const Tensor<T>& dout, std::size_t which, Tensor<T>& din);
+    OpCost (*cost)(Inputs<T> in, const OpAttrs<T>& attrs);
+};
+
+// What an op struct provides, for scalar type T.
+template <class Op, class T>
+concept TapeOp = Scalar<T> && requires(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, const Tensor<T>& t,
+                                       std::size_t which) {
+    { Op::name } -> std::convertible_to<std::string_view>;
+    Op::template forward<T>(in, attrs, out, out);
+    Op::template vjp<T>(in, attrs, t, t, t, which, out);
+};
+
+template <class Op, Scalar T>
+inline constexpr OpKind<T> op_kind_of{
+    Op::name,
+    [](Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved) {
+        Op::template forward<T>(in, attrs, out, saved);
+    },
+    [](Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved, const Tensor<T>& dout,
+       std::size_t which, Tensor<T>& din) { Op::template vjp<T>(in, attrs, out, saved, dout, which, din); },
+    [](Inputs<T> in, const OpAttrs<T>& attrs) -> OpCost {
+        if constexpr (requires { Op::template cost<T>(in, attrs); }) {
+            return Op::template cost<T>(in, attrs);
+        } else {
+            return OpCost{};
+        }
+    },
+};
+
+// A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
+// not cleared (using it afterwards raises usage_error instead of reading stale memory).
+template <Scalar T>
+class Var {
+public:
+    using scalar_type = T;
+    Var() = default;
+
+    const Tensor<T>& value() const { return owner("value").value_of(*this); }
+    const Tensor<T>& grad() const { return owner("grad").grad_of(*this); }
+    const Shape& shape() const { return value().shape(); }
+    Tape<T>& tape() const { return owner("tape"); }
+    std::uint32_t index() const { return index_; }
+    bool valid() const { return tape_ != nullptr; }
+
+    // Gives this value a name for reports and graph pictures ("Q", "scores"); returns itself.
+    Var named(std::string_view label) const {
+        owner("named").set_label(*this, label);
+        return *this;
+    }
+
+private:
+    friend class Tape<T>;
+    Var(Tape<T>* tape, std::uint32_t index, std::uint64_t generation)
+        : tape_(tape), index_(index), generation_(generation) {}
+    Tape<T>& owner(std::string_view what) const {
+        if (tape_ == nullptr) throw usage_error(fmt::format("Var::{}: this Var does not belong to any tape", what));
+        return *tape_;
+    }
+
+    Tape<T>* tape_ = nullptr;
+    std::uint32_t index_ = 0;
+    std::uint64_t generation_ = 0;
+};
+
+// One gradient contribution that flowed along one edge (kept only when branch logging is on):
+// `consumer`'s VJP for its input `slot`, added into node `target`.
+template <Scalar T>
+struct Branch {
+    std::uint32_t consumer;
+    std::uint32_t slot;
+    std::uint32_t target;
+    Tensor<T> contribution;
+};
+
+// What a graph picture or a cost report needs to know about one node.
+struct NodeInfo {
+    std::string_view op;  // "leaf" for inputs and parameters
+    std::string_view label;
+    Shape shape;
+    std::span<const std::uint32_t> inputs;
+    bool requires_grad;
+    OpCost cost;
+    std::size_t bytes;  // value, saved tensors and gradient held by the node
+};
+
+// Scratch space for Tape::replay; one per thread.
+template <Scalar T>
+struct ReplayWorkspace {
+    std::vector<Tensor<T>> values;
+    std::vector<Tensor<T>> saved;
+    std::vector<char> dirty;
+};
+
+template <Scalar T>
+class Tape {
+public:
+    using scalar_type = T;
+
+    Tape() = default;
+    // Vars point at their tape, so a tape stays where it was made.
+    Tape(const Tape&) = delete;
+    Tape& operator=(const Tape&) = delete;
+
+    // An input or parameter. Gradients are computed for it when `requires_grad`.
+    Var<T> leaf(Tensor<T> value, std::string_view label = {}, bool requires_grad = true) {
+        check_no_nan(value, "leaf", label);
+        Node& node = append();
+        node.kind = nullptr;
+        node.arity = 0;
+        node.requires_grad = requires_grad;
+        node.value = std::move(value);
+        node.label.assign(label);
+        return handle(used_ - 1);
+    }
+    // A value that never needs a gradient (masks, the probe G, targets).
+    Var<T> constant(Tensor<T> value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
+
+    // Appends a node for `Op` applied to `inputs`. The op's public function has checked shapes.
+    template <class Op>
+        requires TapeOp<Op, T>
+    Var<T> record(std::initializer_list<Var<T>> inputs, OpAttrs<T> attrs = {}) {
+        if (inputs.size() > max_arity) {
+            throw usage_error(fmt::format("{}: {} inputs exceed the tape's maximum of {}", Op::name, inputs.size(),
+                                          max_arity));
+        }
+        std::array<std::uint32_t, max_arity> ids{};
+        bool requires_grad = false;
+        std::size_t slot = 0;
+        for (const Var<T>& input : inputs) {
+            check_var(input, Op::name);
+            ids[slot++] = input.index_;
+            requires_grad = requires_grad || nodes_[input.index_].requires_grad;
+        }
+        Node& node = append();
+        node.kind = &op_kind_of<Op, T>;
+        node.inputs = ids;
+        node.arity = static_cast<std::uint32_t>(inputs.size());
+        node.requires_grad = requires_grad;
+        node.attrs = std::move(attrs);
+        node.label.clear();
+        node.has_grad = false;
+        const std::uint32_t index = static_cast<std::uint32_t>(used_ - 1);
+        std::array<const Tensor<T>*, max_arity> values{};
+        gather_inputs(nodes_[index], values);
+        nodes_[index].kind->forward(std::span(values.data(), nodes_[index].arity), nodes_[index].attrs,
+                                    nodes_[index].value, nodes_[index].saved);
+        check_no_nan(nodes_[index].value, Op::name, "its output");
+        return handle(index);
+    }
+
+    // Reverse sweep from a one-element output, seeded with 1.
+    void backward(const Var<T>& output) {
+        check_var(output, "backward");
+        const Tensor<T>& value = nodes_[output.index_].value;
+        if (value.size() != 1) {
+            throw usage_error(fmt::format(
+                "backward: output of shape {} is not a scalar; pass its upstream gradient G explicitly",
+                value.shape().to_string()));
+        }
+        backward(output, Tensor<T>(value.shape(), T(1)));
+    }
+
+    // Reverse sweep from `output`, seeded with the upstream gradient G (same shape as output).
+    void backward(const Var<T>& output, const Tensor<T>& upstream) {
+        check_var(output, "backward");
+        Node& seed = nodes_[output.index_];
+        if (!(upstream.shape() == seed.value.shape())) {
+            throw shape_error(fmt::format("backward: upstream gradient of shape {} for an output of shape {}",
+                                          upstream.shape().to_string(), seed.value.shape().to_string()));
+        }
+        if (backward_done_) {
+            throw usage_error(
+                "backward: this tape already holds gradients from an earlier backward; call zero_grad() first "
+                "(gradients would otherwise add up)");
+        }
+        check_no_nan(upstream, "backward", "the upstream gradient");
+        branches_.clear();
+        seed.grad = upstream;
+        seed.has_grad = true;
+        for (std::size_t i = output.index_ + 1; i-- > 0;) {
+            Node& node = nodes_[i];
+            if (node.kind == nullptr || !node.has_grad || !node.requires_grad) continue;
+            std::array<const Tensor<T>*, max_arity> values{};
+            gather_inputs(node, values);
+            const Inputs<T> in(values.data(), node.arity);
+            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+                const std::uint32_t target = node.inputs[slot];
+                if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
+                scratch_.resize(nodes_[target].value.shape());
+                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, scratch_);
+                accumulate(target, static_cast<std::uint32_t>(i), slot);
+            }
+        }
+        // A value the output does not depend on has gradient zero.
+        for (std::size_t i = 0; i < used_; ++i) {
+            Node& node = nodes_[i];
+            if (node.requires_grad && !node.has_grad) {
+                node.grad.resize(node.value.shape());
+                node.grad.fill(T(0));
+                node.has_grad = true;
+            }
+        }
+        backward_done_ = true;
+    }
+
+    // Forgets gradients, keeps values: backward may run again.
+    void zero_grad() {
+        for (std::size_t i = 0; i < used_; ++i) nodes_[i].has_grad = false;
+        branches_.clear();
+        backward_done_ = false;
+    }
+
+    // Forgets every node; the nodes' buffers are kept and reused by the next graph. Vars made
+    // before are invalid afterwards.
+    void clear() {
+        used_ = 0;
+        ++generation_;
+        branches_.clear();
+        backward_done_ = false;
+    }
+
+    std::size_t size() const { return used_; }
+    bool has_gradients() const { return backward_done_; }
+
+    // Keep every VJP contribution separately (per edge) during backward, to attribute a summed
+    // gradient to its branches. Off by default: it copies every contribution.
+    void log_branches(bool on) { log_branches_ = on; }
+    const std::vector<Branch<T>>& branches() const { return branches_; }
+
+    NodeInfo info(std::size_t index) const {
+        if (index >= used_) {
+            throw usage_error(fmt::format("Tape::info: node {} does not exist (the tape holds {})", index, used_));
+        }
+        const Node& node = nodes_[index];
+        OpCost cost{};
+        if (node.kind != nullptr) {
+            std::array<const Tensor<T>*, max_arity> values{};
+            gather_inputs(node, values);
+            cost = node.kind->cost(std::span(values.data(), node.arity), node.attrs);
+        }
+        const std::size_t bytes = (node.value.size() + node.saved.size() + (node.has_grad ? node.grad.size() : 0)) *
+                                  sizeof(T);
+        return NodeInfo{node.kind ? node.kind->name : std::string_view("leaf"),
+                        node.label,
+                        node.value.shape(),
+                        std::span(node.inputs.data(), node.arity),
+                        node.requires_grad,
+                        cost,
+                        bytes};
+    }
+
+    // An edge of the graph: input `slot` of node `consumer`.
+    struct Edge {
+        std::uint32_t consumer;
+        std::uint32_t slot;
+    };
+    // A leaf's value replaced for a replay: seen by all of the leaf's consumers, or only by one
+    // edge when `edge` is set (to take one branch of a summed gradient on its own).
+    struct Replacement {
+        Var<T> leaf;
+        const Tensor<T>* value;
+        std::optional<Edge> edge{};
+    };
+
+    // The value of `output` with some leaves replaced. Only nodes downstream of a replaced leaf
+    // are recomputed; the tape itself is not modified, so several threads may replay one tape
+    // at once, each with its own workspace. This is how the checker's finite differences avoid
+    // re-running the whole graph for every perturbed coordinate.
+    const Tensor<T>& replay(const Var<T>& output, std::span<const Replacement> replacements,
+                            ReplayWorkspace<T>& work) const {
+        check_var(output, "replay");
+        std::size_t first = output.index_;
+        for (const Replacement& r : replacements) {
+            check_var(r.leaf, "replay");
+            const Shape& expected = nodes_[r.leaf.index_].value.shape();
+            if (!(r.value->shape() == expected)) {
+                throw shape_error(fmt::format("replay: replacement of shape {} for a leaf of shape {}",
+                                              r.value->shape().to_string(), expected.to_string()));
+            }
+            if (r.leaf.index_ == output.index_) return *r.value;
+            first = std::min<std::size_t>(first, r.leaf.index_);
+        }
+        if (work.values.size() < used_) {
+            work.values.resize(used_);
+            work.saved.resize(used_);
+        }
+        work.dirty.assign(used_, 0);
+        for (std::size_t i = first + 1; i <= output.index_; ++i) {
+            const Node& node = nodes_[i];
+            if (node.kind == nullptr) continue;
+            std::array<const Tensor<T>*, max_arity> values{};
+            bool touched = false;
+            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+                const std::uint32_t source = node.inputs[slot];
+                values[slot] = work.dirty[source] ? &work.values[source] : &nodes_[source].value;
+                touched = touched || work.dirty[source];
+                for (const Replacement& r : replacements) {
+                    if (source == r.leaf.index_ && (!r.edge || (r.edge->consumer == i && r.edge->slot == slot))) {
+                        values[slot] = r.value;
+                        touched = true;
+                    }
+                }
+            }
+            if (!touched) continue;
+            node.kind->forward(std::span(values.data(), node.arity), node.attrs, work.values[i], work.saved[i]);
+            work.dirty[i] = 1;
+        }
+        return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
+    }
+
+    // Nodes that use `leaf` as an input, with the slot: the branches of its gradient.
+    std::vector<Edge> consumers(const Var<T>& leaf) const {
+        check_var(leaf, "consumers");
+        std::vector<Edge> edges;
+        for (std::size_t i = leaf.index_ + 1; i < used_; ++i) {
+            for (std::uint32_t slot = 0; slot < nodes_[i].arity; ++slot) {
+                if (nodes_[i].inputs[slot] == leaf.index_) edges.push_back({static_cast<std::uint32_t>(i), slot});
+            }
+        }
+        return edges;
+    }
+
+private:
+    friend class Var<T>;
+
+    struct Node {
+        const OpKind<T>* kind = nullptr;  // nullptr for a leaf
+        std::array<std::uint32_t, max_arity> inputs{};
+        std::uint32_t arity = 0;
+        bool requires_grad = false;
+        bool has_grad = false;
+        Tensor<T> value;
+        Tensor<T> saved;
+        Tensor<T> grad;
+        OpAttrs<T> attrs;
+        std::string label;
+    };
+
+    Node& append() {
+        if (used_ == nodes_.size()) nodes_.emplace_back();
+        Node& node = nodes_[used_++];
+        node.has_grad = false;
+        node.saved.resize(Shape{0});
+        return node;
+    }
+
+    Var<T> handle(std::size_t index) { return Var<T>(this, static_cast<std::uint32_t>(index), generation_); }
+
+    void gather_inputs(const Node& node, std::array<const Tensor<T>*, max_arity>& values) const {
+        for (std::uint32_t slot = 0; slot < node.arity; ++slot) values[slot] = &nodes_[node.inputs[slot]].value;
+    }
+
+    void check_var(const Var<T>& var, std::string_view where) const {
+        if (var.tape_ != this) {
+            throw usage_error(fmt::format("{}: the value belongs to {} tape", where,
+                                          var.tape_ == nullptr ? "no" : "another"));
+        }
+        if (var.generation_ != generation_ || var.index_ >= used_) {
+            throw usage_error(fmt::format("{}: the value belongs to a tape that has been cleared since", where));
+        }
+    }
+
+    const Tensor<T>& value_of(const Var<T>& var) const {
+        check_var(var, "value");
+        return nodes_[var.index_].value;
+    }
+    const Tensor<T>& grad_of(const Var<T>& var) const {
+        check_var(var, "grad");
+        const Node& node = nodes_[var.index_];
+        if (!node.requires_grad) {
+            throw usage_error(fmt::format("grad: '{}' ({} {}) does not require a gradient",
+                                          node.label.empty() ? "value" : node.label,
+                                          node.kind ? node.kind->name : "leaf", node.value.shape().to_string()));
+        }
+        if (!node.has_grad) throw usage_error("grad: no gradient yet; call backward first");
+        return node.grad;
+    }
+    void set_label(const Var<T>& var, std::string_view label) {
+        check_var(var, "named");
+        nodes_[var.index_].label.assign(label);
+    }
+
+    // The one place gradients meet: contributions add, so a value used by several ops (X feeding
+    // Q, K and V) receives the sum of its branches.
+    void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot) {
+        Node& node = nodes_[target];
+        const std::string_view op = nodes_[consumer].kind->name;
+        if (!(scratch_.shape() == node.value.shape())) {
+            throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
+                                    scratch_.shape().to_string(), node.value.shape().to_string()));
+        }
+        check_no_nan(scratch_, op, fmt::format("the gradient of its input {}", slot));
+        if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, scratch_});
+        if (!node.has_grad) {
+            std::swap(node.grad, scratch_);
+            node.has_grad = true;
+            return;
+        }
+        const std::span<T> sum = node.grad.data();
+        const std::span<const T> part = std::as_const(scratch_).data();
+        for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += part[k];
+    }
+
+    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what) {
+        const std::span<const T> data = tensor.data();
+        for (std::size_t k = 0; k < data.size(); ++k) {
+            if (is_nan(data[k])) {
+                throw value_error(fmt::format("{}: NaN in {} at index {} (shape {})", op, what,
+                                              index_string(tensor.shape(), k), tensor.shape().to_string()));
+            }
+        }
+    }
+
+    std::vector<Node> nodes_;
+    std::size_t used_ = 0;
+    std::uint64_t generation_ = 0;
+    bool backward_done_ = false;
+    bool log_branches_ = false;
+    std::vector<Branch<T>> branches_;
+    Tensor<T> scratch_;
+};
+
+}  // namespace tapegrad

@@ -1,0 +1,87 @@
+// matmul: the matrix product C = A·B, per matrix of a batch.
+//   A [..., m, k] · B [..., k, n] -> C [..., m, n]   (same leading dimensions), or
+//   A [..., m, k] · B [k, n]      -> C [..., m, n]   (one B shared by the batch: X·W_Q)
+// VJP (G = dJ/dC):
+//   dA = G·Bᵀ
+//   dB = Aᵀ·G          (summed over the batch when B is shared)
+// From C_ij = Σ_p A_ip B_pj: ∂J/∂A_ip = Σ_j G_ij B_pj and ∂J/∂B_pj = Σ_i A_ip G_ij.
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/kernels.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+struct MatMul {
+    static constexpr std::string_view name = "matmul";
+
+    // A shared B folds the batch into the rows of A: one (batch·m)×k by k×n product.
+    struct Dims {
+        std::size_t batch, m, k, n;
+        bool shared_b;
+    };
+    template <Scalar T>
+    static Dims dims(const Tensor<T>& a, const Tensor<T>& b) {
+        const bool shared_b = b.rank() == 2 && a.rank() > 2;
+        const std::size_t batch = shared_b ? 1 : a.shape().batch();
+        const std::size_t m = shared_b ? a.shape().batch() * a.rows() : a.rows();
+        return {batch, m, a.cols(), b.cols(), shared_b};
+    }
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& C, Tensor<T>&) {
+        const Tensor<T>& A = *in[0];
+        const Tensor<T>& B = *in[1];
+        const Dims d = dims(A, B);
+        C.resize(A.shape().with_matrix(A.rows(), B.cols()));
+        for (std::size_t b = 0; b < d.batch; ++b) {
+            kernels::gemm(kernels::Form::ab, d.m, d.n, d.k, A.data().data() + b * d.m * d.k,
+                          B.data().data() + b * d.k * d.n, C.data().data() + b * d.m * d.n, false);
+        }
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t which, Tensor<T>& grad) {
+        const Tensor<T>& A = *in[0];
+        const Tensor<T>& B = *in[1];
+        const Dims d = dims(A, B);
+        for (std::size_t b = 0; b < d.batch; ++b) {
+            const T* g = G.data().data() + b * d.m * d.n;
+            if (which == 0) {  // dA = G·Bᵀ
+                kernels::gemm(kernels::Form::abT, d.m, d.k, d.n, g, B.data().data() + b * d.k * d.n,
+                              grad.data().data() + b * d.m * d.k, false);
+            } else {  // dB = Aᵀ·G
+                kernels::gemm(kernels::Form::aTb, d.k, d.n, d.m, A.data().data() + b * d.m * d.k, g,
+                              grad.data().data() + b * d.k * d.n, false);
+            }
+        }
+    }
+
+    template <Scalar T>
+    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+        const Dims d = dims(*in[0], *in[1]);
+        const std::uint64_t product = std::uint64_t(d.batch) * d.m * d.k * d.n;
+        return {product, 2 * product};
+    }
+};
+
+template <Scalar T>
+Var<T> matmul(const Var<T>& A, const Var<T>& B) {
+    checks::matrix(MatMul::name, "A", A);
+    checks::matrix(MatMul::name, "B", B);
+    const Shape& a = A.shape();
+    const Shape& b = B.shape();
+    if (a.cols() != b.rows()) {
+        throw shape_error(fmt::format("matmul: inner dimensions differ: A is {}, B is {}", a.to_string(),
+                                      b.to_string()));
+    }
+    if (!(b.rank() == 2 || a.same_batch(b))) {
+        throw shape_error(fmt::format("matmul: batch dimensions differ: A is {}, B is {}", a.to_string(),
+                                      b.to_string()));
+    }
+    return A.tape().template record<MatMul>({A, B});
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,81 @@
+// softmax: normalises each row (the last dimension) into weights, A_ij = exp(S_ij) / Σ_k exp(S_ik).
+//   S [..., m, n] -> A [..., m, n]; each row of A is non-negative and sums to one.
+// The row maximum is subtracted first, so scores of ±1e4 and beyond never overflow.
+// Hidden positions carry -inf (see ops/mask.hpp) and get weight exactly 0. A row hidden
+// entirely has no distribution to normalise: its weights are defined as all zero (so it reads
+// nothing and passes no gradient), never NaN. +inf or NaN scores are refused with value_error.
+// VJP, from the saved output A (G = dJ/dA):
+//   dS_ij = A_ij (G_ij − Σ_k G_ik A_ik)
+// because ∂A_ij/∂S_ik = A_ij(δ_jk − A_ik): δ_jk from the numerator, −A_ij A_ik from the shared
+// denominator Z. Dropping the denominator path would give A ∘ G, whose rows no longer sum to 0.
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/tape.hpp"
+
+#include <limits>
+
+namespace tapegrad {
+
+struct Softmax {
+    static constexpr std::string_view name = "softmax";
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& A, Tensor<T>&) {
+        using std::exp;
+        const Tensor<T>& S = *in[0];
+        A.resize(S.shape());
+        const std::size_t n = S.cols(), rows = S.size() / n;
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* scores = S.data().data() + r * n;
+            T* weights = A.data().data() + r * n;
+            T row_max = -std::numeric_limits<T>::infinity();
+            for (std::size_t j = 0; j < n; ++j) {
+                if (is_nan(scores[j]) || scores[j] == std::numeric_limits<T>::infinity()) {
+                    throw value_error(fmt::format("softmax: score {} at {} of shape {}; scores must be finite or -inf",
+                                                  to_double(scores[j]), index_string(S.shape(), r * n + j),
+                                                  S.shape().to_string()));
+                }
+                if (scores[j] > row_max) row_max = scores[j];
+            }
+            if (row_max == -std::numeric_limits<T>::infinity()) {  // every position hidden
+                for (std::size_t j = 0; j < n; ++j) weights[j] = T(0);
+                continue;
+            }
+            T total(0);
+            for (std::size_t j = 0; j < n; ++j) {
+                weights[j] = exp(scores[j] - row_max);
+                total += weights[j];
+            }
+            for (std::size_t j = 0; j < n; ++j) weights[j] /= total;
+        }
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>& A, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& dS) {
+        const std::size_t n = A.cols(), rows = A.size() / n;
+        for (std::size_t r = 0; r < rows; ++r) {
+            const T* weights = A.data().data() + r * n;
+            const T* upstream = G.data().data() + r * n;
+            T* out = dS.data().data() + r * n;
+            T mean(0);  // Σ_k G_ik A_ik: the weighted mean of the upstream gradient
+            for (std::size_t k = 0; k < n; ++k) mean += upstream[k] * weights[k];
+            for (std::size_t j = 0; j < n; ++j) out[j] = weights[j] * (upstream[j] - mean);
+        }
+    }
+
+    template <Scalar T>
+    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+        return {in[0]->size(), 2 * in[0]->size()};
+    }
+};
+
+template <Scalar T>
+Var<T> softmax(const Var<T>& S) {
+    checks::non_empty(Softmax::name, "S", S);
+    if (S.shape().rank() == 0) throw shape_error("softmax: S must have at least one dimension, got a scalar");
+    return S.tape().template record<Softmax>({S});
+}
+
+}  // namespace tapegrad

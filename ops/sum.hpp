@@ -1,0 +1,34 @@
+// sum: adds every element into a scalar, J = Σ_k X_k (with mul, the probe J = Σ O ∘ G).
+// VJP: dX = G·1  (G is the scalar upstream gradient; every ∂J/∂X_k = 1).
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+struct Sum {
+    static constexpr std::string_view name = "sum";
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+        T total(0);
+        for (const T& x : in[0]->data()) total += x;
+        out.resize(Shape{});
+        out[0] = total;
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& grad) {
+        grad.fill(G[0]);
+    }
+};
+
+template <Scalar T>
+Var<T> sum(const Var<T>& X) {
+    checks::non_empty(Sum::name, "X", X);
+    return X.tape().template record<Sum>({X});
+}
+
+}  // namespace tapegrad

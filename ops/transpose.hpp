@@ -1,0 +1,43 @@
+// transpose: swaps the last two dimensions, per matrix of a batch.
+//   X [..., m, n] -> Y [..., n, m],  Y_ji = X_ij
+// VJP: dX = Gᵀ  (each output coordinate is one input coordinate, moved back).
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+struct Transpose {
+    static constexpr std::string_view name = "transpose";
+
+    template <Scalar T>
+    static void swap_last_two(const Tensor<T>& x, Tensor<T>& y) {
+        const std::size_t m = x.rows(), n = x.cols(), batch = x.shape().batch();
+        y.resize(x.shape().with_matrix(n, m));
+        const T* source = x.data().data();
+        T* target = y.data().data();
+        for (std::size_t b = 0; b < batch; ++b, source += m * n, target += m * n)
+            for (std::size_t i = 0; i < m; ++i)
+                for (std::size_t j = 0; j < n; ++j) target[j * m + i] = source[i * n + j];
+    }
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+        swap_last_two(*in[0], out);
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& grad) {
+        swap_last_two(G, grad);
+    }
+};
+
+template <Scalar T>
+Var<T> transpose(const Var<T>& X) {
+    checks::matrix(Transpose::name, "X", X);
+    return X.tape().template record<Transpose>({X});
+}
+
+}  // namespace tapegrad
