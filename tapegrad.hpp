@@ -9,6 +9,7 @@
 #include "autodiff/tensor.hpp"
 #include "models/attention.hpp"
 #include "ops/add.hpp"
+#include "ops/mask.hpp"
 #include "ops/matmul.hpp"
 #include "ops/mul.hpp"
 #include "ops/scale.hpp"

@@ -14,6 +14,14 @@ struct Dims {
     std::size_t batch, m, k, n;
 };
 
+// A mask with a hidden position in every row that has more than one column, first column visible.
+Tensor<double> visible_pattern(std::size_t m, std::size_t n) {
+    Tensor<double> M(Shape{m, n}, 1.0);
+    for (std::size_t i = 0; i < m; ++i)
+        if (n > 1) M(i, (i + 1) % n == 0 ? 1 : (i + 1) % n) = 0.0;
+    return M;
+}
+
 template <class V>
 using scalar_of = typename std::decay_t<V>::scalar_type;
 
@@ -31,6 +39,7 @@ const std::vector<OpCase> op_table = {
     {"softmax", [](const Dims& d, auto& rng) { return check_op([](auto in) { return softmax(in[0]); }, rng, Shape{d.batch, d.m, d.n}); }},
     {"add", [](const Dims& d, auto& rng) { return check_op([](auto in) { return add(in[0], in[1]); }, rng, Shape{d.m, d.n}, Shape{d.m, d.n}); }},
     {"mul", [](const Dims& d, auto& rng) { return check_op([](auto in) { return mul(in[0], in[1]); }, rng, Shape{d.m, d.n}, Shape{d.m, d.n}); }},
+    {"mask then softmax", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return softmax(mask(in[0], in[0].tape().constant(tensor_cast<scalar_of<decltype(in[0])>>(visible_pattern(d.m, d.n))))); }, rng, Shape{d.batch, d.m, d.n}); }},
     {"sum", [](const Dims& d, auto& rng) { return check_op([](auto in) { return sum(in[0]); }, rng, Shape{d.m, d.n}); }},
 };
 

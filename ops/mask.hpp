@@ -1,0 +1,59 @@
+// mask: hides positions of the scores before softmax.
+//   S [..., m, n], M [..., m, n] or M [m, n] (one mask for the whole batch); M_ij = 1 visible, 0 hidden.
+//   Y_ij = S_ij where M_ij = 1, −inf where M_ij = 0, so softmax gives hidden positions weight 0
+//   (a row hidden entirely gets all-zero weights: see ops/softmax.hpp).
+// VJP: dS_ij = G_ij·M_ij. Y does not depend on S at a hidden position, so no gradient flows there.
+// M is a constant (a boolean pattern); it has no gradient.
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/tape.hpp"
+
+#include <limits>
+
+namespace tapegrad {
+
+struct Mask {
+    static constexpr std::string_view name = "mask";
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+        const Tensor<T>& S = *in[0];
+        const Tensor<T>& M = *in[1];
+        out.resize(S.shape());
+        const std::size_t period = M.size();  // M repeats over the batch when it is one matrix
+        for (std::size_t k = 0; k < S.size(); ++k) {
+            out[k] = M[k % period] != T(0) ? S[k] : -std::numeric_limits<T>::infinity();
+        }
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& grad) {
+        const Tensor<T>& M = *in[1];
+        const std::size_t period = M.size();
+        for (std::size_t k = 0; k < G.size(); ++k) grad[k] = M[k % period] != T(0) ? G[k] : T(0);
+    }
+};
+
+template <Scalar T>
+Var<T> mask(const Var<T>& S, const Var<T>& M) {
+    checks::matrix(Mask::name, "S", S);
+    checks::matrix(Mask::name, "M", M);
+    const Shape& s = S.shape();
+    const Shape& m = M.shape();
+    if (!(m == s) && !(m.rank() == 2 && m.rows() == s.rows() && m.cols() == s.cols())) {
+        throw shape_error(fmt::format("mask: mask of shape {} does not fit scores of shape {}", m.to_string(),
+                                      s.to_string()));
+    }
+    for (std::size_t k = 0; k < m.size(); ++k) {
+        const T& x = M.value()[k];
+        if (x != T(0) && x != T(1)) {
+            throw value_error(fmt::format("mask: mask value {} at {}; a mask holds 0 (hidden) or 1 (visible)",
+                                          to_double(x), index_string(m, k)));
+        }
+    }
+    return S.tape().template record<Mask>({S, M});
+}
+
+}  // namespace tapegrad
