@@ -43,6 +43,13 @@ T inv_sqrt(std::size_t n) {
     return T(1) / T(sqrt(T(n)));
 }
 
+// |x| for any supported scalar (std::abs for builtins, Boost's for multiprecision).
+template <Scalar T>
+T magnitude(const T& x) {
+    using std::abs;
+    return T(abs(x));
+}
+
 template <Scalar T>
 bool is_nan(const T& x) {
     using std::isnan;

@@ -6,7 +6,18 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <ostream>
 #include <random>
+
+namespace tapegrad {
+
+// Boost.Test prints values of failed comparisons through operator<<.
+template <Scalar T>
+std::ostream& operator<<(std::ostream& out, const Tensor<T>& tensor) {
+    return out << fmt::format("{}", tensor);
+}
+
+}  // namespace tapegrad
 
 namespace tapegrad::testing {
 
