@@ -207,6 +207,14 @@ public:
         else max_mp = std::max(max_mp, m.rel_error);
         if (!(m.rel_error <= m.threshold)) {  // also catches a NaN error
             failed = true;
+            // One line per coordinate: keep only its worst disagreement.
+            const auto same = std::find_if(worst.begin(), worst.end(), [&](const Mismatch& w) {
+                return w.leaf == m.leaf && w.index == m.index && w.branch == m.branch;
+            });
+            if (same != worst.end()) {
+                if (same->rel_error >= m.rel_error) return;
+                worst.erase(same);
+            }
             worst.push_back(std::move(m));
             std::sort(worst.begin(), worst.end(),
                       [](const Mismatch& a, const Mismatch& b) { return a.rel_error > b.rel_error; });
