@@ -1,0 +1,440 @@
+// Tests of ops/fused_attention.hpp: the fused op is held to the composed graph's values, gradients
+// and tests. The 50-digit checker on the op itself (one line per case, as in test_ops.cpp), values
+// and gradients against the composed graph, the spec's Examples 1 and 2 and its other checks that
+// apply, fault controls (a backward without the D term, one with a wrong log-sum-exp: both must be
+// rejected), the accuracy rule (fused error ≤ 2 × composed error against a 50-digit reference),
+// bad input, thread-count independence, and the multi-head model switching to the fused kernel.
+#define BOOST_TEST_MODULE fused_attention
+#include "support.hpp"
+
+#include "models/multihead.hpp"
+#include "ops/fused_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <string>
+
+using namespace tapegrad;
+using tapegrad::testing::check_op;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+template <class V>
+using scalar_of = typename std::decay_t<V>::scalar_type;
+
+// M_ij = 1 when key j <= query_offset + i (the fused op's causal rule), as a constant for mask().
+Tensor<double> causal_pattern(std::size_t Tq, std::size_t Tk, std::size_t offset) {
+    Tensor<double> M(Shape{Tq, Tk}, 0.0);
+    for (std::size_t i = 0; i < Tq; ++i)
+        for (std::size_t j = 0; j < Tk && j <= offset + i; ++j) M(i, j) = 1.0;
+    return M;
+}
+
+// The composed reference: softmax(mask(scale(matmul(Q, Kᵀ), 1/√d), M))·V, every intermediate kept.
+template <Scalar T>
+Var<T> composed_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t offset) {
+    if (!causal) return attention_from_qkv(Q, K, V).O;
+    const Var<T> S = scale(matmul(Q, transpose(K)), inv_sqrt<T>(Q.shape().cols()));
+    const Var<T> M = Q.tape().constant(tensor_cast<T>(causal_pattern(Q.shape().rows(), K.shape().rows(), offset)));
+    return matmul(softmax(mask(S, M)), V);
+}
+
+// Mixed error |a − b| / max(1, |b|), the checker's measure, as a maximum over two tensors.
+template <Scalar T>
+double max_mixed_error(const Tensor<T>& a, const Tensor<T>& b) {
+    BOOST_REQUIRE(a.shape() == b.shape());
+    double worst = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+        using std::abs;
+        const T scale = std::max(T(1), T(abs(b[k])));
+        worst = std::max(worst, to_double(T(abs(T(a[k] - b[k])) / scale)));
+    }
+    return worst;
+}
+
+// One case of the op table: shapes, causality, offset, tiles.
+struct FusedCase {
+    std::string name;
+    Shape q, k, v;
+    bool causal;
+    std::size_t offset;
+    FusedAttentionTiles tiles;
+};
+
+// Tiny tiles (2, 3) drive the online softmax across several key tiles (rescaled accumulators)
+// and the causal tile skipping at sizes the full 50-digit check can afford.
+const std::vector<FusedCase> fused_table = {
+    {"T=1", Shape{1, 1}, Shape{1, 1}, Shape{1, 1}, false, 0, {}},
+    {"d != r, Tq != Tk", Shape{3, 2}, Shape{4, 2}, Shape{4, 3}, false, 0, {}},
+    {"batched, tiles 2x3", Shape{2, 5, 3}, Shape{2, 7, 3}, Shape{2, 7, 2}, false, 0, {2, 3}},
+    {"batch x heads, causal, tiles 2x2", Shape{2, 2, 4, 3}, Shape{2, 2, 4, 3}, Shape{2, 2, 4, 2}, true, 0, {2, 2}},
+    {"causal, query_offset 3 (key-value cache)", Shape{3, 2}, Shape{6, 2}, Shape{6, 3}, true, 3, {2, 2}},
+    {"causal, offset 0, keys never seen", Shape{3, 2}, Shape{7, 2}, Shape{7, 2}, true, 0, {2, 3}},
+    {"causal, offset past every key", Shape{3, 2}, Shape{4, 2}, Shape{4, 2}, true, 100, {1, 3}},
+    {"wide d, r = 1", Shape{4, 8}, Shape{5, 8}, Shape{5, 1}, true, 1, {3, 2}},
+};
+
+template <Scalar T>
+Var<T> fused(const FusedCase& c, const std::array<Var<T>, 3>& in) {
+    return fused_attention(in[0], in[1], in[2], c.causal, c.offset, c.tiles);
+}
+
+// Fault controls: the backward without the D term (dS = P ∘ dP), and a saved log-sum-exp that
+// forgot log l (so the recomputed P is unnormalised). The forward output is unchanged in both.
+struct NoDTerm : fused_detail::ExactBackward {
+    static constexpr bool subtract_row_mean = false;
+};
+struct MaxInsteadOfLogSumExp : fused_detail::ExactBackward {
+    template <Scalar T>
+    static T log_sum_exp(const T& m, const T&) {
+        return m;
+    }
+};
+
+template <Scalar T>
+Tensor<T> to(const Tensor<double>& x) {
+    return tensor_cast<T>(x);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fused_op_passes_the_50_digit_checker) {
+    std::mt19937_64 rng(11);
+    for (const FusedCase& c : fused_table) {
+        BOOST_TEST_CONTEXT(c.name) {
+            const CheckReport report = check_op([&c](auto in) { return fused(c, in); }, rng, c.q, c.k, c.v);
+            BOOST_TEST(report.passed, report.summary());
+            BOOST_TEST(report.max_error_mp <= 1e-25);  // the checker's fixed 50-digit threshold
+        }
+    }
+}
+
+// Values and all three gradients equal the composed graph's, in 50 digits. Both compute the same
+// function with about 1e-49 rounding per operation and at most a few dozen operations per
+// result, so 1e-40 leaves nine decades of margin while any formula difference shows at ~1e-2.
+BOOST_AUTO_TEST_CASE(values_and_gradients_equal_the_composed_graph) {
+    std::mt19937_64 rng(5);
+    for (const FusedCase& c : fused_table) {
+        BOOST_TEST_CONTEXT(c.name) {
+            const Tensor<mp50> q = to<mp50>(random_tensor(c.q, rng)), k = to<mp50>(random_tensor(c.k, rng)),
+                               v = to<mp50>(random_tensor(c.v, rng));
+            Tape<mp50> fused_tape, composed_tape;
+            const std::array<Var<mp50>, 3> a{fused_tape.leaf(q), fused_tape.leaf(k), fused_tape.leaf(v)};
+            const std::array<Var<mp50>, 3> b{composed_tape.leaf(q), composed_tape.leaf(k), composed_tape.leaf(v)};
+            const Var<mp50> O_fused = fused(c, a);
+            const Var<mp50> O_composed = composed_attention(b[0], b[1], b[2], c.causal, c.offset);
+            BOOST_TEST(max_mixed_error(O_fused.value(), O_composed.value()) <= 1e-40);
+            const Tensor<mp50> G = to<mp50>(random_tensor(O_fused.shape(), rng));
+            fused_tape.backward(O_fused, G);
+            composed_tape.backward(O_composed, G);
+            for (std::size_t x = 0; x < 3; ++x) {
+                BOOST_TEST_CONTEXT("gradient of input " << x) {
+                    BOOST_TEST(max_mixed_error(a[x].grad(), b[x].grad()) <= 1e-40);
+                }
+            }
+        }
+    }
+}
+
+// Spec Example 1: X = I, Q = aI (a = √2·ln 3), K = I, V = diag(2, 4), probe G = [[1,0],[0,2]].
+// S = [[ln3, 0], [0, ln3]], A = [[3/4, 1/4], [1/4, 3/4]], O = [[3/2, 1], [1/2, 3]], J = 15/2,
+// dS = [[3/8, −3/8], [−3/2, 3/2]], dQ = dS/√2, dK = ln3·dSᵀ, dV = Aᵀ·G = [[3/4, 1/2], [1/4, 3/2]].
+// Tolerances: 1e-12 in double (the spec's own; values are O(1) after a handful of roundings of
+// 1e-16) and 1e-40 in 50 digits (same argument as above).
+template <Scalar T>
+void example_1(double tolerance) {
+    using std::abs;
+    using std::log;
+    using std::sqrt;
+    const T ln3 = log(T(3)), a = T(sqrt(T(2))) * ln3, half = T(1) / T(2);
+    Tape<T> tape;
+    const Var<T> Q = tape.leaf(Tensor<T>::matrix({{a, T(0)}, {T(0), a}}), "Q");
+    const Var<T> K = tape.leaf(Tensor<T>::matrix({{T(1), T(0)}, {T(0), T(1)}}), "K");
+    const Var<T> V = tape.leaf(Tensor<T>::matrix({{T(2), T(0)}, {T(0), T(4)}}), "V");
+    const Var<T> O = fused_attention(Q, K, V, false, 0);
+    const Tensor<T> G = Tensor<T>::matrix({{T(1), T(0)}, {T(0), T(2)}});
+    T J(0);
+    for (std::size_t k = 0; k < 4; ++k) J += O.value()[k] * G[k];
+    tape.backward(O, G);
+    const T s = inv_sqrt<T>(2);
+    const Tensor<T> dS = Tensor<T>::matrix({{T(3) / T(8), T(-3) / T(8)}, {T(-3) / T(2), T(3) / T(2)}});
+    BOOST_TEST(max_mixed_error(O.value(), Tensor<T>::matrix({{T(3) / T(2), T(1)}, {half, T(3)}})) <= tolerance);
+    BOOST_TEST(to_double(T(abs(T(J - T(15) / T(2))))) <= tolerance);
+    BOOST_TEST(max_mixed_error(Q.grad(), Tensor<T>::matrix({{s * dS(0, 0), s * dS(0, 1)}, {s * dS(1, 0), s * dS(1, 1)}})) <=
+               tolerance);
+    BOOST_TEST(max_mixed_error(K.grad(), Tensor<T>::matrix({{ln3 * dS(0, 0), ln3 * dS(1, 0)},
+                                                            {ln3 * dS(0, 1), ln3 * dS(1, 1)}})) <= tolerance);
+    BOOST_TEST(max_mixed_error(V.grad(), Tensor<T>::matrix({{T(3) / T(4), half}, {T(1) / T(4), T(3) / T(2)}})) <=
+               tolerance);
+    // Range check of the spec: each output coordinate lies within the values' range
+    // (O[:,0] in [0, 2], O[:,1] in [0, 4]) because each row of weights is a distribution.
+    for (std::size_t i = 0; i < 2; ++i) {
+        BOOST_TEST((O.value()(i, 0) >= T(0) && O.value()(i, 0) <= T(2)));
+        BOOST_TEST((O.value()(i, 1) >= T(0) && O.value()(i, 1) <= T(4)));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(spec_example_1) {
+    example_1<double>(1e-12);
+    example_1<mp50>(1e-40);
+}
+
+// Spec Example 2: both keys [1, 1]. Weights [1/2, 1/2], both output rows [1, 2], J = 5; dQ = 0
+// (a query cannot tell the keys apart) but dK ≠ 0: dS = [[1/2, −1/2], [−2, 2]], so
+// dK = dSᵀ·Q/√2 = [[ln3/2, −2 ln3], [−ln3/2, 2 ln3]]. Same tolerances as Example 1.
+template <Scalar T>
+void example_2(double tolerance) {
+    using std::abs;
+    using std::log;
+    using std::sqrt;
+    const T ln3 = log(T(3)), a = T(sqrt(T(2))) * ln3;
+    Tape<T> tape;
+    const Var<T> Q = tape.leaf(Tensor<T>::matrix({{a, T(0)}, {T(0), a}}), "Q");
+    const Var<T> K = tape.leaf(Tensor<T>::matrix({{T(1), T(1)}, {T(1), T(1)}}), "K");
+    const Var<T> V = tape.leaf(Tensor<T>::matrix({{T(2), T(0)}, {T(0), T(4)}}), "V");
+    const Var<T> O = fused_attention(Q, K, V, false, 0);
+    tape.backward(O, Tensor<T>::matrix({{T(1), T(0)}, {T(0), T(2)}}));
+    BOOST_TEST(max_mixed_error(O.value(), Tensor<T>::matrix({{T(1), T(2)}, {T(1), T(2)}})) <= tolerance);
+    BOOST_TEST(max_mixed_error(Q.grad(), Tensor<T>(Shape{2, 2}, T(0))) <= tolerance);
+    BOOST_TEST(max_mixed_error(K.grad(), Tensor<T>::matrix({{ln3 / T(2), T(-2) * ln3}, {-ln3 / T(2), T(2) * ln3}})) <=
+               tolerance);
+    BOOST_TEST(to_double(T(abs(K.grad()(0, 1)))) > 1.0);  // not zero: keys still get a gradient
+}
+
+BOOST_AUTO_TEST_CASE(spec_example_2) {
+    example_2<double>(1e-12);
+    example_2<mp50>(1e-40);
+}
+
+// The spec's asymmetric transpose check: Q = [[1,2],[0,1]], K = [[1,0],[2,1]] give Q·Kᵀ =
+// [[1,4],[0,1]] (Q·K would be [[5,2],[2,1]]); with V = I the output is the weights themselves,
+// A_i = softmax(row i of Q·Kᵀ / √2), computed here by hand. 1e-12 as above.
+BOOST_AUTO_TEST_CASE(spec_transpose_check) {
+    Tape<double> tape;
+    const Var<double> Q = tape.leaf(Tensor<double>::matrix({{1, 2}, {0, 1}}));
+    const Var<double> K = tape.leaf(Tensor<double>::matrix({{1, 0}, {2, 1}}));
+    const Var<double> V = tape.leaf(Tensor<double>::matrix({{1, 0}, {0, 1}}));
+    const Tensor<double>& O = fused_attention(Q, K, V, false, 0).value();
+    const double c = 1 / std::sqrt(2.0);
+    const double w0 = 1 / (1 + std::exp(3 * c)), w1 = 1 / (1 + std::exp(c));  // weight of key 0 per row
+    BOOST_TEST(max_mixed_error(O, Tensor<double>::matrix({{w0, 1 - w0}, {w1, 1 - w1}})) <= 1e-12);
+}
+
+// Further checks of the spec that apply to an op that hides A: each output coordinate within the
+// range of the visible values (rows of weights are distributions), and the keys' gradient sums to
+// zero over the keys (dS rows sum to zero, so dK = c·dSᵀQ has Σ_j dK_j = c·Σ_i (Σ_j dS_ij) Q_i = 0:
+// shifting every key by one vector changes no weight). Checked in 50 digits at 1e-40 (as above),
+// on a causal case with an offset and tiles that split the rows.
+BOOST_AUTO_TEST_CASE(spec_row_range_and_key_shift_invariance) {
+    std::mt19937_64 rng(3);
+    const std::size_t Tq = 5, Tk = 9, offset = 2, d = 3, r = 4;
+    Tape<mp50> tape;
+    const Var<mp50> Q = tape.leaf(to<mp50>(random_tensor(Shape{Tq, d}, rng, 2.0)));
+    const Var<mp50> K = tape.leaf(to<mp50>(random_tensor(Shape{Tk, d}, rng, 2.0)));
+    const Var<mp50> V = tape.leaf(to<mp50>(random_tensor(Shape{Tk, r}, rng)));
+    const Var<mp50> O = fused_attention(Q, K, V, true, offset, FusedAttentionTiles{2, 3});
+    for (std::size_t i = 0; i < Tq; ++i) {
+        for (std::size_t l = 0; l < r; ++l) {
+            mp50 low = V.value()(0, l), high = low;
+            for (std::size_t j = 0; j <= std::min(Tk - 1, offset + i); ++j) {
+                low = std::min(low, V.value()(j, l));
+                high = std::max(high, V.value()(j, l));
+            }
+            BOOST_TEST((O.value()(i, l) >= low && O.value()(i, l) <= high));
+        }
+    }
+    tape.backward(O, to<mp50>(random_tensor(O.shape(), rng)));
+    for (std::size_t a = 0; a < d; ++a) {
+        mp50 total(0);
+        for (std::size_t j = 0; j < Tk; ++j) total += K.grad()(j, a);
+        BOOST_TEST(std::abs(to_double(total)) <= 1e-40);
+    }
+    // Keys no query sees (j > offset + Tq − 1) receive no gradient at all.
+    for (std::size_t j = offset + Tq; j < Tk; ++j)
+        for (std::size_t a = 0; a < d; ++a) BOOST_TEST(to_double(K.grad()(j, a)) == 0.0);
+}
+
+// Fault controls: the checker must reject a backward without the D term and a backward that
+// recomputes P from a wrong log-sum-exp, on inputs where the exact op passes.
+BOOST_AUTO_TEST_CASE(fault_controls_are_rejected) {
+    std::mt19937_64 rng(17);
+    const NamedTensor leaves[] = {{"Q", random_tensor(Shape{2, 3, 2}, rng)},
+                                  {"K", random_tensor(Shape{2, 4, 2}, rng)},
+                                  {"V", random_tensor(Shape{2, 4, 3}, rng)}};
+    const auto graph_of = [](auto op_tag) {
+        return [](auto in) {
+            using Op = typename decltype(op_tag)::type;
+            return testing::probe(record_fused_attention<Op>(in[0], in[1], in[2], true, 1, FusedAttentionTiles{2, 2}));
+        };
+    };
+    const CheckReport exact = check_gradients(graph_of(std::type_identity<FusedAttention>{}), leaves);
+    BOOST_TEST(exact.passed, exact.summary());
+    const CheckReport no_d =
+        check_gradients(graph_of(std::type_identity<FusedAttentionOp<NoDTerm>>{}), leaves);
+    BOOST_TEST(!no_d.passed, "a backward without the D term was accepted: " << no_d.summary());
+    const CheckReport wrong_lse =
+        check_gradients(graph_of(std::type_identity<FusedAttentionOp<MaxInsteadOfLogSumExp>>{}), leaves);
+    BOOST_TEST(!wrong_lse.passed, "a backward with a wrong log-sum-exp was accepted: " << wrong_lse.summary());
+    BOOST_TEST_MESSAGE("no D term: " << no_d.summary());
+    BOOST_TEST_MESSAGE("wrong log-sum-exp: " << wrong_lse.summary());
+}
+
+// The accuracy rule: against a 50-digit reference (the composed graph on a 50-digit tape), the
+// double fused op's error is at most twice the double composed graph's, for O and each gradient.
+// Error = max |x − ref| over the tensor (absolute: the values are O(1)). A composed error of
+// exactly 0 would make the rule demand exactness; it does not occur for these random inputs (the
+// test requires it to be positive), so no floor is needed. Sizes cross tile boundaries: T = 200
+// with default 128-row tiles, and with 32 × 48 tiles, causal and not.
+BOOST_AUTO_TEST_CASE(accuracy_rule_fused_error_at_most_twice_composed) {
+    struct Config {
+        std::size_t batch, Tq, Tk, d, r;
+        bool causal;
+        std::size_t offset;
+        FusedAttentionTiles tiles;
+    };
+    const std::vector<Config> configs = {
+        {1, 200, 200, 8, 6, false, 0, {}},
+        {2, 150, 170, 8, 4, true, 20, {32, 48}},
+    };
+    std::mt19937_64 rng(23);
+    for (const Config& c : configs) {
+        BOOST_TEST_CONTEXT("T=" << c.Tq << "x" << c.Tk << " causal=" << c.causal) {
+            // Spread 2: scores up to about ±4·√d/… give weights far from uniform.
+            const Tensor<double> q = random_tensor(Shape{c.batch, c.Tq, c.d}, rng, 2.0);
+            const Tensor<double> k = random_tensor(Shape{c.batch, c.Tk, c.d}, rng, 2.0);
+            const Tensor<double> v = random_tensor(Shape{c.batch, c.Tk, c.r}, rng);
+            const Tensor<double> g = random_tensor(Shape{c.batch, c.Tq, c.r}, rng);
+            Tape<mp50> ref_tape;
+            const std::array<Var<mp50>, 3> ref{ref_tape.leaf(to<mp50>(q)), ref_tape.leaf(to<mp50>(k)),
+                                               ref_tape.leaf(to<mp50>(v))};
+            const Var<mp50> O_ref = composed_attention(ref[0], ref[1], ref[2], c.causal, c.offset);
+            ref_tape.backward(O_ref, to<mp50>(g));
+            const auto error = [](const Tensor<double>& x, const Tensor<mp50>& reference) {
+                double worst = 0;
+                for (std::size_t i = 0; i < x.size(); ++i)
+                    worst = std::max(worst, std::abs(to_double(mp50(mp50(x[i]) - reference[i]))));
+                return worst;
+            };
+            Tape<double> fused_tape, composed_tape;
+            const std::array<Var<double>, 3> f{fused_tape.leaf(q), fused_tape.leaf(k), fused_tape.leaf(v)};
+            const std::array<Var<double>, 3> p{composed_tape.leaf(q), composed_tape.leaf(k), composed_tape.leaf(v)};
+            const Var<double> O_fused = fused_attention(f[0], f[1], f[2], c.causal, c.offset, c.tiles);
+            const Var<double> O_composed = composed_attention(p[0], p[1], p[2], c.causal, c.offset);
+            fused_tape.backward(O_fused, g);
+            composed_tape.backward(O_composed, g);
+            const std::array<std::string, 4> names{"O", "dQ", "dK", "dV"};
+            for (std::size_t x = 0; x < 4; ++x) {
+                const double fused_error = x == 0 ? error(O_fused.value(), O_ref.value())
+                                                  : error(f[x - 1].grad(), ref[x - 1].grad());
+                const double composed_error = x == 0 ? error(O_composed.value(), O_ref.value())
+                                                     : error(p[x - 1].grad(), ref[x - 1].grad());
+                BOOST_TEST_MESSAGE(fmt::format("T={}x{} causal={} {}: fused error {:.3g}, composed error {:.3g}, "
+                                               "ratio {:.3f}",
+                                               c.Tq, c.Tk, c.causal, names[x], fused_error, composed_error,
+                                               fused_error / composed_error));
+                BOOST_TEST_CONTEXT(names[x]) {
+                    BOOST_TEST(composed_error > 0.0);
+                    BOOST_TEST(fused_error <= 2 * composed_error);
+                }
+            }
+        }
+    }
+}
+
+// Bad input: a clear tapegrad error naming the op and the shapes or values, never a crash.
+BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_clear_errors) {
+    Tape<double> tape;
+    const auto leaf = [&](const Shape& s, double x = 0.5) { return tape.leaf(Tensor<double>(s, x)); };
+    const auto says = [](std::string_view a, std::string_view b) {
+        return [a = std::string(a), b = std::string(b)](const error& e) {
+            const std::string what = e.what();
+            const bool ok = what.find(a) != std::string::npos && what.find(b) != std::string::npos;
+            if (!ok) BOOST_TEST_MESSAGE("unexpected message: " << what);
+            return ok;
+        };
+    };
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({2, 3}), leaf({2, 4}), leaf({2, 4}), false, 0), shape_error,
+                          says("fused_attention", "[2x4]"));
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({2, 3}), leaf({3, 3}), leaf({4, 2}), false, 0), shape_error,
+                          says("fused_attention", "[4x2]"));
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({2, 2, 3}), leaf({3, 2, 3}), leaf({3, 2, 3}), false, 0), shape_error,
+                          says("fused_attention", "[3x2x3]"));
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({3}), leaf({3, 3}), leaf({3, 3}), false, 0), shape_error,
+                          says("fused_attention", "[3]"));
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({0, 3}), leaf({3, 3}), leaf({3, 3}), false, 0), shape_error,
+                          says("fused_attention", "empty"));
+    BOOST_CHECK_EXCEPTION(
+        fused_attention(leaf({2, 3}), leaf({2, 3}, std::numeric_limits<double>::infinity()), leaf({2, 3}), true, 0),
+        value_error, says("fused_attention", "inf"));
+    // Finite inputs whose scores overflow: S = 1e200·1e200·3/√3 = inf.
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({2, 3}, 1e200), leaf({2, 3}, 1e200), leaf({2, 3}), false, 0),
+                          value_error, says("fused_attention", "score"));
+    BOOST_CHECK_EXCEPTION(fused_attention(leaf({2, 3}), leaf({2, 3}), leaf({2, 3}), false, 0, FusedAttentionTiles{0, 4}),
+                          value_error, says("fused_attention", "tile"));
+    // A large score range is fine (the online softmax subtracts the running maximum): no NaN.
+    Tape<double> large;
+    const Var<double> O = fused_attention(large.leaf(Tensor<double>::matrix({{100, 0}, {-100, 3}})),
+                                          large.leaf(Tensor<double>::matrix({{100, 1}, {-100, 2}})),
+                                          large.leaf(Tensor<double>::matrix({{1, 2}, {3, 4}})), false, 0);
+    BOOST_TEST(O.value()(0, 0) == 1.0, boost::test_tools::tolerance(1e-12));
+}
+
+// Results do not depend on the thread count: each tile is computed by one thread in a fixed order.
+BOOST_AUTO_TEST_CASE(results_are_identical_for_one_and_two_threads) {
+    std::mt19937_64 rng(29);
+    const Tensor<double> q = random_tensor(Shape{2, 300, 16}, rng), k = random_tensor(Shape{2, 300, 16}, rng),
+                         v = random_tensor(Shape{2, 300, 8}, rng), g = random_tensor(Shape{2, 300, 8}, rng);
+    const unsigned before = fused_attention_threads().load();
+    std::array<std::array<Tensor<double>, 4>, 2> results;
+    for (unsigned threads = 1; threads <= 2; ++threads) {
+        fused_attention_threads() = threads;
+        Tape<double> tape;
+        const Var<double> Q = tape.leaf(q), K = tape.leaf(k), V = tape.leaf(v);
+        const Var<double> O = fused_attention(Q, K, V, true, 0);
+        tape.backward(O, g);
+        results[threads - 1] = {O.value(), Q.grad(), K.grad(), V.grad()};
+    }
+    fused_attention_threads() = before;
+    for (std::size_t x = 0; x < 4; ++x) BOOST_TEST((results[0][x] == results[1][x]), "result " << x);
+}
+
+// Models switch to it: the multi-head model with AttentionKernel::fused gives the composed
+// kernel's output and gradients. In 50 digits to 1e-40 (as above); in double to a mixed error of
+// 1e-12: the two kernels round differently, by about n·u ≈ 1e-14 for these sizes, two decades below.
+template <Scalar T>
+void multihead_switch(bool causal, std::size_t offset, double tolerance) {
+    std::mt19937_64 rng(31);
+    const std::size_t B = 2, Tq = 4, Tk = 6, D = 5, H = 2;
+    const Tensor<double> xq = random_tensor(Shape{B, Tq, D}, rng), xm = random_tensor(Shape{B, Tk, D}, rng);
+    const Tensor<double> wq = random_tensor(Shape{D, H * 3}, rng), wk = random_tensor(Shape{D, H * 3}, rng),
+                         wv = random_tensor(Shape{D, H * 2}, rng), wo = random_tensor(Shape{H * 2, 3}, rng);
+    const Tensor<double> g = random_tensor(Shape{B, Tq, 3}, rng);
+    std::array<std::array<Tensor<T>, 7>, 2> results;
+    for (int kernel = 0; kernel < 2; ++kernel) {
+        Tape<T> tape;
+        const Var<T> Xq = tape.leaf(to<T>(xq)), Xm = tape.leaf(to<T>(xm));
+        const MultiHeadWeights<T> w{tape.leaf(to<T>(wq)), tape.leaf(to<T>(wk)), tape.leaf(to<T>(wv)),
+                                    tape.leaf(to<T>(wo))};
+        MultiHeadOptions options;
+        options.heads = H;
+        options.causal = causal;
+        options.query_offset = offset;
+        options.kernel = kernel == 0 ? AttentionKernel::composed : AttentionKernel::fused;
+        const MultiHeadResult<T> result = multihead_attention(Xq, Xm, w, options);
+        tape.backward(result.Y, to<T>(g));
+        results[kernel] = {result.Y.value(), Xq.grad(), Xm.grad(), w.W_Q.grad(), w.W_K.grad(), w.W_V.grad(),
+                           w.W_O.grad()};
+    }
+    const std::array<std::string, 7> names{"Y", "dX_query", "dX_memory", "dW_Q", "dW_K", "dW_V", "dW_O"};
+    for (std::size_t x = 0; x < 7; ++x) {
+        BOOST_TEST_CONTEXT(names[x]) { BOOST_TEST(max_mixed_error(results[1][x], results[0][x]) <= tolerance); }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(multihead_model_switches_to_the_fused_kernel) {
+    multihead_switch<double>(true, 2, 1e-12);
+    multihead_switch<double>(false, 0, 1e-12);
+    multihead_switch<mp50>(true, 2, 1e-40);
+}
