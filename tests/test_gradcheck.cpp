@@ -1,0 +1,87 @@
+// The checker itself: what a failure report says (leaf, index, analytic and numeric values
+// labelled, errors, count, seed), which inputs it refuses, and that fast mode checks a larger
+// graph through directional derivatives.
+#define BOOST_TEST_MODULE gradcheck
+#include "support.hpp"
+
+using namespace tapegrad;
+
+namespace {
+
+// exp-free op with a deliberately wrong VJP: Y = 3X but dX = 2G.
+struct TripleWithWrongVjp : Scale {
+    static constexpr std::string_view name = "triple (wrong VJP)";
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+        out.resize(in[0]->shape());
+        for (std::size_t k = 0; k < out.size(); ++k) out[k] = 3 * (*in[0])[k];
+    }
+    template <Scalar T>
+    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& grad) {
+        for (std::size_t k = 0; k < G.size(); ++k) grad[k] = 2 * G[k];
+    }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_failure_report_names_leaf_index_values_errors_count_and_seed) {
+    CheckOptions options;
+    options.seed = 12345;
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            auto [W] = in;
+            return sum(W.tape().template record<TripleWithWrongVjp>({W}));
+        },
+        {{"W", Tensor<double>::matrix({{1, 2, 3}, {4, 5, 6}})}}, options);
+    BOOST_TEST(!report.passed);
+    BOOST_TEST(report.failures == 6u);
+    BOOST_TEST(report.coordinates == 6u);
+    const std::string text = report.summary();
+    BOOST_TEST_MESSAGE(text);
+    for (const char* expected : {"FAILED", "6 of 6", "seed 12345", "leaf W index (0, 0)", "analytic (", "= 2",
+                                 "numeric (50-digit central difference", "= 3", "abs error", "rel error", "threshold"}) {
+        BOOST_TEST(text.find(expected) != std::string::npos, "report lacks '" << expected << "':\n" << text);
+    }
+    BOOST_TEST_REQUIRE(!report.worst.empty());
+    BOOST_TEST(report.worst.front().analytic == 2.0);
+    BOOST_TEST(report.worst.front().numeric == 3.0, boost::test_tools::tolerance(1e-30));
+}
+
+BOOST_AUTO_TEST_CASE(non_finite_or_empty_leaves_and_non_scalar_graphs_are_refused) {
+    const auto graph = [](auto in) {
+        auto [X] = in;
+        return sum(X);
+    };
+    Tensor<double> infinite = Tensor<double>::matrix({{1, 2}});
+    infinite[1] = std::numeric_limits<double>::infinity();
+    BOOST_CHECK_EXCEPTION(check_gradients(graph, {{"X", infinite}}), value_error, [](const value_error& e) {
+        return std::string(e.what()).find("leaf X") != std::string::npos;
+    });
+    BOOST_CHECK_THROW(check_gradients(graph, {{"X", Tensor<double>(Shape{0, 2})}}), shape_error);
+    BOOST_CHECK_THROW(check_gradients([](auto in) { return in[0]; }, {{"X", Tensor<double>::matrix({{1, 2}})}}),
+                      usage_error);
+}
+
+BOOST_AUTO_TEST_CASE(fast_mode_checks_a_larger_attention_graph) {
+    // T = 32, D = 16, d = 8, r = 12: 896 coordinates; fast mode compares 3 random directions.
+    std::mt19937_64 rng(21);
+    CheckOptions options;
+    options.mode = CheckOptions::Mode::fast;
+    options.check_branches = false;
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            auto [X, W_Q, W_K, W_V] = in;
+            return testing::probe(attention(X, W_Q, W_K, W_V).O);
+        },
+        {{"X", testing::random_tensor({32, 16}, rng)},
+         {"W_Q", testing::random_tensor({16, 8}, rng)},
+         {"W_K", testing::random_tensor({16, 8}, rng)},
+         {"W_V", testing::random_tensor({16, 12}, rng)}},
+        options);
+    BOOST_TEST_MESSAGE(report.summary());
+    BOOST_TEST(report.passed, report.summary());
+    BOOST_TEST(report.mode == "fast");
+    BOOST_TEST(report.coordinates == 3u);
+    BOOST_TEST(report.max_error_mp <= 1e-25);
+}
