@@ -1,0 +1,89 @@
+// Mask builders for attention: which keys each query may see, as 0/1 tensors for ops/mask.hpp.
+//
+// Causal with a query offset (the key-value cache case): query i of a block sits at absolute
+// position query_offset + i and sees key j only when j <= query_offset + i. A block of new
+// queries can so attend over the whole key history, and the full pass equals the same sequence
+// fed in blocks.
+//
+// Padding (batched sequences of different lengths, padded at the end to a common T):
+//   * a padded key (j >= length) is never visible to any query;
+//   * a padded query row (absolute position >= length) sees nothing: its row is hidden entirely,
+//     so softmax gives it all-zero weights, its attention output is exactly zero, and no gradient
+//     flows through it (see ops/softmax.hpp). Padded rows are defined, never NaN; a loss should
+//     simply not read them.
+//   * a length of zero is rejected (a sequence with no tokens has nothing to attend to), as is a
+//     length above the key count.
+#pragma once
+
+#include "autodiff/error.hpp"
+#include "autodiff/tensor.hpp"
+
+#include <fmt/format.h>
+
+#include <span>
+#include <string_view>
+
+namespace tapegrad {
+
+namespace detail {
+
+inline void check_block(std::string_view where, std::size_t query_count, std::size_t key_count,
+                        std::size_t query_offset) {
+    if (query_count == 0 || key_count == 0) {
+        throw shape_error(fmt::format("{}: {} queries and {} keys; both must be at least one", where, query_count,
+                                      key_count));
+    }
+    if (query_offset + query_count > key_count) {
+        throw shape_error(fmt::format(
+            "{}: queries at absolute positions {}..{} (query_offset {}) need keys up to position {}, but there "
+            "are only {} keys",
+            where, query_offset, query_offset + query_count - 1, query_offset, query_offset + query_count - 1,
+            key_count));
+    }
+}
+
+}  // namespace detail
+
+// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i.
+inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0) {
+    detail::check_block("causal_mask", query_count, key_count, query_offset);
+    Tensor<double> M(Shape{query_count, key_count}, 0.0);
+    for (std::size_t i = 0; i < query_count; ++i)
+        for (std::size_t j = 0; j <= query_offset + i; ++j) M(i, j) = 1.0;
+    return M;
+}
+
+// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same
+// pattern repeated for each of `heads` heads) when heads > 0. lengths[b] is the length of
+// sequence b in absolute positions (its first lengths[b] keys are real).
+inline Tensor<double> padding_mask(std::span<const std::size_t> lengths, std::size_t query_count, std::size_t key_count,
+                                   std::size_t query_offset = 0, bool causal = false, std::size_t heads = 0) {
+    detail::check_block("padding_mask", query_count, key_count, query_offset);
+    if (lengths.empty()) throw shape_error("padding_mask: no sequence lengths given");
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        if (lengths[b] == 0) {
+            throw value_error(fmt::format("padding_mask: sequence {} has length 0; every sequence needs at least one "
+                                          "token",
+                                          b));
+        }
+        if (lengths[b] > key_count) {
+            throw value_error(fmt::format("padding_mask: sequence {} has length {} but there are only {} key "
+                                          "positions",
+                                          b, lengths[b], key_count));
+        }
+    }
+    const std::size_t B = lengths.size(), H = heads == 0 ? 1 : heads;
+    Tensor<double> M(heads == 0 ? Shape{B, query_count, key_count} : Shape{B, heads, query_count, key_count}, 0.0);
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t h = 0; h < H; ++h)
+            for (std::size_t i = 0; i < query_count; ++i) {
+                const std::size_t position = query_offset + i;
+                if (position >= lengths[b]) continue;  // a padded query row: hidden entirely
+                double* row = M.data().data() + ((b * H + h) * query_count + i) * key_count;
+                const std::size_t visible = causal ? position + 1 : lengths[b];
+                for (std::size_t j = 0; j < visible; ++j) row[j] = 1.0;
+            }
+    return M;
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,98 @@
+// cross_entropy: the mean negative log-likelihood of integer targets under next-token logits,
+// the training loss (it replaces the spec's fixed probe G with a real objective).
+//   logits [..., V] viewed as N rows of V classes (N = size / V), targets t_0 .. t_{N−1} in [0, V)
+//   (attrs.ints)  ->  J [] (a scalar)
+//   J = (1/N) Σ_r (log Σ_c exp(z_rc) − z_{r t_r})
+// The log-sum-exp subtracts each row's maximum first, so logits of ±1e4 give the exact finite
+// loss instead of inf − inf. The softmax probabilities P are saved for the VJP.
+// VJP (G is the scalar upstream gradient):
+//   dz_rc = G·(P_rc − [c = t_r]) / N
+// because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
+#pragma once
+
+#include "autodiff/checks.hpp"
+#include "autodiff/tape.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <limits>
+#include <span>
+
+namespace tapegrad {
+
+struct CrossEntropy {
+    static constexpr std::string_view name = "cross_entropy";
+
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& J, Tensor<T>& P) {
+        using std::exp;
+        using std::log;
+        const Tensor<T>& z = *in[0];
+        const std::size_t V = z.cols(), N = z.size() / V;
+        P.resize(z.shape());
+        T total(0);
+        for (std::size_t r = 0; r < N; ++r) {
+            const T* row = z.data().data() + r * V;
+            T* probabilities = P.data().data() + r * V;
+            T row_max = row[0];
+            for (std::size_t c = 0; c < V; ++c) {
+                if (!is_finite(row[c])) {
+                    throw value_error(fmt::format("cross_entropy: logit {} at {} of shape {}; logits must be finite",
+                                                  to_double(row[c]), index_string(z.shape(), r * V + c),
+                                                  z.shape().to_string()));
+                }
+                if (row[c] > row_max) row_max = row[c];
+            }
+            T Z(0);
+            for (std::size_t c = 0; c < V; ++c) {
+                probabilities[c] = exp(row[c] - row_max);
+                Z += probabilities[c];
+            }
+            for (std::size_t c = 0; c < V; ++c) probabilities[c] /= Z;
+            const auto target = static_cast<std::size_t>(attrs.ints[r]);
+            // −log P_{r t} = log Z + max − z_t, written so that no large terms cancel.
+            total += T(log(Z)) - (row[target] - row_max);
+        }
+        J.resize(Shape{});
+        J[0] = total / T(N);
+    }
+
+    template <Scalar T>
+    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>&, const Tensor<T>& P, const Tensor<T>& G,
+                    std::size_t, Tensor<T>& dz) {
+        const std::size_t V = in[0]->cols(), N = in[0]->size() / V;
+        const T factor = G[0] / T(N);
+        for (std::size_t k = 0; k < P.size(); ++k) dz[k] = factor * P[k];
+        for (std::size_t r = 0; r < N; ++r) dz[r * V + static_cast<std::size_t>(attrs.ints[r])] -= factor;
+    }
+
+    template <Scalar T>
+    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+        return {in[0]->size(), in[0]->size()};
+    }
+};
+
+// Mean cross-entropy of `targets` (one per row of `logits`, each in [0, V)).
+template <Scalar T>
+Var<T> cross_entropy(const Var<T>& logits, std::span<const std::size_t> targets) {
+    checks::non_empty(CrossEntropy::name, "logits", logits);
+    if (logits.shape().rank() == 0) throw shape_error("cross_entropy: logits must have a class dimension, got a scalar");
+    const std::size_t V = logits.shape().cols(), N = logits.shape().size() / V;
+    if (targets.size() != N) {
+        throw shape_error(fmt::format("cross_entropy: {} targets for logits of shape {} ({} rows)", targets.size(),
+                                      logits.shape().to_string(), N));
+    }
+    OpAttrs<T> attrs;
+    attrs.ints.reserve(N);
+    for (std::size_t r = 0; r < N; ++r) {
+        if (targets[r] >= V) {
+            throw value_error(fmt::format("cross_entropy: target {} in row {} is out of range for {} classes (logits {})",
+                                          targets[r], r, V, logits.shape().to_string()));
+        }
+        attrs.ints.push_back(static_cast<std::int64_t>(targets[r]));
+    }
+    return logits.tape().template record<CrossEntropy>({logits}, std::move(attrs));
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,213 @@
+// The models' new ops (dropout, embedding, cross_entropy, split_heads, merge_heads) through the
+// generic 50-digit checker, one line per op, on random shapes; then their specific promises:
+// errors that name the fault, dropout's determinism and scaling, embedding's summed repeated
+// rows, cross-entropy's stability at logits of ±1e4.
+#define BOOST_TEST_MODULE models_ops
+#include "support.hpp"
+
+#include <functional>
+#include <limits>
+
+using namespace tapegrad;
+using tapegrad::testing::check_op;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+struct Dims {
+    std::size_t batch, m, k, n;
+};
+
+template <class V>
+using scalar_of = typename std::decay_t<V>::scalar_type;
+
+// Indices with repeats: n + 2 picks from `rows` rows, so at least two rows are picked twice.
+std::vector<std::size_t> repeated_indices(std::size_t rows, std::size_t n) {
+    std::vector<std::size_t> indices(n + 2);
+    for (std::size_t r = 0; r < indices.size(); ++r) indices[r] = (r * 3 + 1) % rows;
+    return indices;
+}
+
+std::vector<std::size_t> targets_for(std::size_t rows, std::size_t classes) {
+    std::vector<std::size_t> targets(rows);
+    for (std::size_t r = 0; r < rows; ++r) targets[r] = (r * 7 + 1) % classes;
+    return targets;
+}
+
+// Dropout with a keep-mask drawn from a generator seeded inside the graph, so the double and the
+// 50-digit recordings draw the same mask and the checker's replays hold it fixed.
+template <class V>
+V seeded_dropout(const V& X, double p) {
+    std::mt19937_64 generator(99);
+    return dropout(X, p, generator);
+}
+
+struct OpCase {
+    std::string name;
+    std::function<CheckReport(const Dims&, std::mt19937_64&)> check;
+};
+
+const std::vector<OpCase> op_table = {
+    {"dropout p=0.3", [](const Dims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.3); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"dropout p=0", [](const Dims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.0); }, rng, Shape{d.m, d.n}); }},
+    {"embedding", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, d.m))); }, rng, Shape{d.k + 1, d.n}); }},
+    {"embedding batched", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, 2 * d.batch * d.m - 2)), d.batch); }, rng, Shape{d.k + 1, d.n}); }},
+    {"embedding rows of a batch", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.batch * d.m, d.k))); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"cross_entropy", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.m, d.n))); }, rng, Shape{d.m, d.n}); }},
+    {"cross_entropy batched", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.batch * d.m, d.n))); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"split_heads", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.batch, d.m, d.k * d.n}); }},
+    {"split_heads rank 2", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.m, d.k * d.n}); }},
+    {"merge_heads", [](const Dims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.batch, d.k, d.m, d.n}); }},
+    {"merge_heads rank 3", [](const Dims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.k, d.m, d.n}); }},
+};
+
+std::vector<Dims> shapes_to_try() {
+    std::vector<Dims> dims = {{1, 1, 1, 1}, {2, 1, 3, 2}, {3, 4, 2, 5}};
+    std::mt19937_64 rng(43);
+    std::uniform_int_distribution<std::size_t> size(1, 5);
+    for (int round = 0; round < 2; ++round) dims.push_back({size(rng), size(rng), size(rng), size(rng)});
+    return dims;
+}
+
+template <class Exception, class F>
+std::string message_of(F f) {
+    try {
+        f();
+    } catch (const Exception& e) {
+        return e.what();
+    }
+    return "(no exception)";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_new_op_passes_the_50_digit_checker) {
+    std::mt19937_64 rng(8);
+    for (const OpCase& op : op_table) {
+        for (const Dims& d : shapes_to_try()) {
+            BOOST_TEST_CONTEXT(op.name << " batch=" << d.batch << " m=" << d.m << " k=" << d.k << " n=" << d.n) {
+                const CheckReport report = op.check(d, rng);
+                BOOST_TEST(report.passed, report.summary());
+                BOOST_TEST(report.max_error_mp <= 1e-25);
+            }
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(dropout_p_zero_is_the_identity_and_a_seed_fixes_the_mask) {
+    std::mt19937_64 rng(1);
+    const Tensor<double> x = random_tensor(Shape{4, 50}, rng);
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(x, "X");
+    std::mt19937_64 g0(5);
+    BOOST_TEST((dropout(X, 0.0, g0).value() == x));
+
+    std::mt19937_64 a(5), b(5), c(6);
+    const Tensor<double> ya = dropout(X, 0.25, a).value();
+    const Tensor<double> yb = dropout(X, 0.25, b).value();
+    const Tensor<double> yc = dropout(X, 0.25, c).value();
+    BOOST_TEST((ya == yb));
+    BOOST_TEST(!(ya == yc));
+    // Kept entries are x/(1−p) (to the last bit of the product), dropped ones exactly 0.
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+        if (ya[k] != 0.0) {
+            BOOST_TEST(ya[k] == (1.0 / 0.75) * x[k]);
+            ++kept;
+        }
+    }
+    // 200 Bernoulli(0.75) draws: mean 150, standard deviation 6.1; 120..180 is about 5σ.
+    BOOST_TEST(kept >= 120u);
+    BOOST_TEST(kept <= 180u);
+}
+
+BOOST_AUTO_TEST_CASE(dropout_vjp_reuses_the_forward_mask) {
+    std::mt19937_64 rng(2);
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(random_tensor(Shape{3, 7}, rng), "X");
+    std::mt19937_64 generator(17);
+    const Var<double> Y = dropout(X, 0.5, generator);
+    const Tensor<double> G = random_tensor(Y.shape(), rng);
+    tape.backward(Y, G);
+    for (std::size_t k = 0; k < G.size(); ++k) {
+        BOOST_TEST(X.grad()[k] == (Y.value()[k] != 0.0 ? 2.0 * G[k] : 0.0));
+    }
+}
+
+BOOST_AUTO_TEST_CASE(dropout_rejects_p_outside_zero_one) {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>(Shape{2, 2}, 1.0), "X");
+    std::mt19937_64 generator(1);
+    for (const double p : {1.0, -0.1, 1.5, std::numeric_limits<double>::quiet_NaN()}) {
+        BOOST_CHECK_THROW(dropout(X, p, generator), value_error);
+    }
+    BOOST_TEST(message_of<value_error>([&] { dropout(X, 1.0, generator); }).find("outside [0, 1)") !=
+               std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(embedding_sums_the_gradient_of_a_repeated_index) {
+    Tape<double> tape;
+    const Var<double> E = tape.leaf(Tensor<double>::matrix({{1, 2}, {3, 4}, {5, 6}}), "E");
+    const std::vector<std::size_t> indices = {1, 1, 0};
+    const Var<double> Y = embedding(E, std::span<const std::size_t>(indices));
+    BOOST_TEST((Y.value() == Tensor<double>::matrix({{3, 4}, {3, 4}, {1, 2}})));
+    tape.backward(Y, Tensor<double>::matrix({{1, 10}, {100, 1000}, {7, 8}}));
+    BOOST_TEST((E.grad() == Tensor<double>::matrix({{7, 8}, {101, 1010}, {0, 0}})));
+}
+
+BOOST_AUTO_TEST_CASE(embedding_rejects_bad_indices_by_name) {
+    Tape<double> tape;
+    const Var<double> E = tape.leaf(Tensor<double>(Shape{3, 2}, 1.0), "E");
+    const std::vector<std::size_t> bad = {0, 3};
+    const std::string message =
+        message_of<value_error>([&] { embedding(E, std::span<const std::size_t>(bad)); });
+    BOOST_TEST(message.find("index 3 at position 1") != std::string::npos, message);
+    BOOST_CHECK_THROW(embedding(E, std::span<const std::size_t>()), shape_error);
+    const std::vector<std::size_t> three = {0, 1, 2};
+    BOOST_CHECK_THROW(embedding(E, std::span<const std::size_t>(three), 2), shape_error);  // 3 rows into 2 sequences
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_is_stable_at_logits_of_1e4) {
+    Tape<double> tape;
+    const Var<double> z = tape.leaf(Tensor<double>::matrix({{1e4, -1e4, 0}, {-1e4, 1e4, 1e4}}), "z");
+    const std::vector<std::size_t> targets = {1, 2};
+    const Var<double> J = cross_entropy(z, std::span<const std::size_t>(targets));
+    // Row 0: −log softmax picks 1e4 − (−1e4) = 2e4 (exp(−1e4) terms vanish); row 1: log 2.
+    BOOST_TEST(J.value().item() == (2e4 + std::log(2.0)) / 2, boost::test_tools::tolerance(1e-15));
+    tape.backward(J);
+    for (const double g : z.grad().data()) BOOST_TEST(std::isfinite(g));
+    BOOST_TEST(z.grad()(0, 1) == -0.5);  // (P − 1)/N with P = 0
+    BOOST_TEST(z.grad()(1, 2) == -0.25);  // (1/2 − 1)/2
+
+    // And the checker agrees at that scale (random logits in ±1e4).
+    std::mt19937_64 rng(3);
+    const std::vector<std::size_t> t3 = {0, 2, 1};
+    const CheckReport report = check_gradients(
+        [&](auto leaves) { return cross_entropy(leaves[0], std::span<const std::size_t>(t3)); },
+        {{"z", random_tensor(Shape{3, 4}, rng, 1e4)}});
+    BOOST_TEST(report.passed, report.summary());
+}
+
+BOOST_AUTO_TEST_CASE(cross_entropy_names_a_bad_target_and_its_row) {
+    Tape<double> tape;
+    const Var<double> z = tape.leaf(Tensor<double>(Shape{2, 3}, 0.0), "z");
+    const std::vector<std::size_t> bad = {0, 3};
+    const std::string message = message_of<value_error>([&] { cross_entropy(z, std::span<const std::size_t>(bad)); });
+    BOOST_TEST(message.find("target 3 in row 1") != std::string::npos, message);
+    const std::vector<std::size_t> short_list = {0};
+    BOOST_CHECK_THROW(cross_entropy(z, std::span<const std::size_t>(short_list)), shape_error);
+}
+
+BOOST_AUTO_TEST_CASE(merge_heads_undoes_split_heads) {
+    std::mt19937_64 rng(4);
+    Tape<double> tape;
+    const Tensor<double> x = random_tensor(Shape{2, 3, 6}, rng);
+    const Var<double> X = tape.leaf(x, "X");
+    const Var<double> heads = split_heads(X, 3);
+    BOOST_TEST((heads.shape() == Shape{2, 3, 3, 2}));
+    BOOST_TEST(heads.value().at({1, 2, 0, 1}) == x.at({1, 0, 2 * 2 + 1}));
+    BOOST_TEST((merge_heads(heads).value() == x));
+    BOOST_CHECK_THROW(split_heads(X, 4), shape_error);
+    BOOST_CHECK_THROW(split_heads(X, 0), shape_error);
+    BOOST_CHECK_THROW(merge_heads(tape.leaf(Tensor<double>(Shape{2, 2}, 1.0))), shape_error);
+}
