@@ -1,6 +1,8 @@
 // fmt support for tapegrad: `fmt::format("{}", tensor)` prints nested rows like Python lists,
 // `[[0.75, 0.25], [0.25, 0.75]]`; `{:.6}` sets the significant digits. Works for float, double
-// and the multiprecision types (which print all their digits unless a precision is given).
+// and the multiprecision types. Without a precision every value prints so that it reads back
+// exactly: shortest round-trip form for float/double, max_digits10 digits (52 for mp50) for
+// multiprecision types. `{:.0}` is the same as no precision.
 // Shapes print as "[2x3]".
 #pragma once
 
@@ -8,18 +10,20 @@
 
 #include <fmt/format.h>
 
+#include <ios>
+#include <limits>
 #include <string>
 
 namespace tapegrad {
 
-// One scalar as text: shortest round-trip form for float/double, `precision` significant digits
-// when precision > 0 (and for multiprecision types, all digits when it is 0).
+// One scalar as text: `precision` significant digits when precision > 0; otherwise the
+// round-trip form (shortest for float/double, max_digits10 digits for multiprecision types).
 template <Scalar T>
 std::string format_scalar(const T& x, int precision = 0) {
     if constexpr (std::floating_point<T>) {
         return precision > 0 ? fmt::format("{:.{}g}", x, precision) : fmt::format("{}", x);
     } else {
-        return x.str(precision > 0 ? precision : std::numeric_limits<T>::digits10, std::ios_base::fmtflags{});
+        return x.str(precision > 0 ? precision : std::numeric_limits<T>::max_digits10, std::ios_base::fmtflags{});
     }
 }
 
@@ -34,6 +38,7 @@ struct fmt::formatter<tapegrad::Shape> : fmt::formatter<std::string> {
 
 template <tapegrad::Scalar T>
 struct fmt::formatter<tapegrad::Tensor<T>> {
+    static constexpr int max_precision = 1000;
     int precision = 0;
 
     constexpr auto parse(format_parse_context& context) {
@@ -41,7 +46,11 @@ struct fmt::formatter<tapegrad::Tensor<T>> {
         if (it != context.end() && *it == '.') {
             ++it;
             int digits = 0;
-            while (it != context.end() && *it >= '0' && *it <= '9') digits = digits * 10 + (*it++ - '0');
+            while (it != context.end() && *it >= '0' && *it <= '9') {
+                digits = digits * 10 + (*it++ - '0');
+                // More digits than any supported type holds is a typo; also keeps `digits` from overflowing.
+                if (digits > max_precision) throw fmt::format_error("tensor format: precision above 1000");
+            }
             precision = digits;
         }
         if (it != context.end() && *it != '}') throw fmt::format_error("tensor format: expected '.N' or nothing");
