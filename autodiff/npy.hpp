@@ -16,6 +16,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -146,12 +147,14 @@ Word little_endian_word(const char* bytes) {
 // exactly the bytes that follow it.
 inline NpyHeader parse_npy_header(std::string_view bytes, std::string_view source = "<memory>") {
     using npy_detail::HeaderParser;
+    // Magic first (as far as the file goes), so a short text file is called what it is.
+    const std::size_t magic_seen = std::min(bytes.size(), npy_detail::magic.size());
+    if (bytes.substr(0, magic_seen) != npy_detail::magic.substr(0, magic_seen)) {
+        throw io_error(fmt::format("load_npy: {}: bad magic (not a .npy file)", source));
+    }
     if (bytes.size() < 10) {
         throw io_error(fmt::format("load_npy: {}: truncated header ({} bytes; a .npy file starts with at least 10)",
                                    source, bytes.size()));
-    }
-    if (bytes.substr(0, 6) != npy_detail::magic) {
-        throw io_error(fmt::format("load_npy: {}: bad magic (not a .npy file)", source));
     }
     const unsigned major = static_cast<unsigned char>(bytes[6]), minor = static_cast<unsigned char>(bytes[7]);
     std::size_t header_length = 0, header_start = 0;
