@@ -109,16 +109,74 @@ void parallel_for(std::size_t count, unsigned threads, const Work& work) {
     if (failure) std::rethrow_exception(failure);
 }
 
-// x[k] = exp(x[k] − shift) for k < n. float and double use Eigen's vectorised exp (the scalar
-// libm call would dominate the whole op); other scalars the ADL exp in their own precision.
+// Row kernels on one tile row. float and double go through Eigen's vectorised arrays (the
+// elementwise work, exp above all, would otherwise rival the tile products); other scalars (the
+// 50-digit reference type) take plain loops with the ADL functions of their own precision. Each
+// computes the same expression, in the same order per element, as the composed graph's ops.
+template <Scalar T>
+inline constexpr bool vectorised = std::is_same_v<T, double> || std::is_same_v<T, float>;
+template <Scalar T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <Scalar T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// x[k] = exp(x[k] − shift) for k < n.
 template <Scalar T>
 void exp_shifted(T* x, std::size_t n, const T& shift) {
-    if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
-        Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> a(x, Eigen::Index(n));
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(x, Eigen::Index(n));
         a = (a - shift).exp();
     } else {
         using std::exp;
         for (std::size_t k = 0; k < n; ++k) x[k] = exp(T(x[k] - shift));
+    }
+}
+
+// x[k] = c·x[k] for k < n; returns the first k with a non-finite result, or n.
+template <Scalar T>
+std::size_t scale_checked(T* x, std::size_t n, const T& c) {
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(x, Eigen::Index(n));
+        a *= c;
+        if (a.isFinite().all()) return n;
+    } else {
+        for (std::size_t k = 0; k < n; ++k) x[k] = T(c * x[k]);
+    }
+    for (std::size_t k = 0; k < n; ++k)
+        if (!is_finite(x[k])) return k;
+    return n;
+}
+
+// max(start, x[0..n)) and Σ x[0..n).
+template <Scalar T>
+T max_of(const T* x, std::size_t n, const T& start) {
+    if constexpr (vectorised<T>) {
+        return n == 0 ? start : std::max(start, ConstArrayMap<T>(x, Eigen::Index(n)).maxCoeff());
+    } else {
+        T best = start;
+        for (std::size_t k = 0; k < n; ++k) best = std::max(best, x[k]);
+        return best;
+    }
+}
+template <Scalar T>
+T sum_of(const T* x, std::size_t n) {
+    if constexpr (vectorised<T>) {
+        return ConstArrayMap<T>(x, Eigen::Index(n)).sum();
+    } else {
+        T total(0);
+        for (std::size_t k = 0; k < n; ++k) total += x[k];
+        return total;
+    }
+}
+
+// p[k] = c·(p[k]·(dp[k] − mean)) for k < n: softmax's VJP, then the scale's.
+template <Scalar T>
+void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T& c) {
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(p, Eigen::Index(n));
+        a = c * (a * (ConstArrayMap<T>(dp, Eigen::Index(n)) - mean));
+    } else {
+        for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
     }
 }
 
@@ -168,14 +226,12 @@ void scores(const Dims<T>& dims, const T* Q, const T* K, std::size_t i0, std::si
         const std::size_t visible = dims.visible(i0 + i);
         seen[i] = visible <= j0 ? 0 : std::min(bk, visible - j0);
         T* row = S.data() + i * bk;
-        for (std::size_t j = 0; j < seen[i]; ++j) {
-            row[j] = T(dims.c * row[j]);
-            if (!is_finite(row[j])) {
-                throw value_error(fmt::format(
-                    "fused_attention: score S = Q·Kᵀ/√d is {} at query {}, key {}; the scores must be finite "
-                    "(Q or K too large)",
-                    to_double(row[j]), i0 + i, j0 + j));
-            }
+        const std::size_t j = scale_checked(row, seen[i], dims.c);
+        if (j != seen[i]) {
+            throw value_error(fmt::format(
+                "fused_attention: score S = Q·Kᵀ/√d is {} at query {}, key {}; the scores must be finite "
+                "(Q or K too large)",
+                to_double(row[j]), i0 + i, j0 + j));
         }
     }
 }
@@ -201,9 +257,7 @@ void score_gradient(const Dims<T>& dims, const T* G, const T* V, const T* D, std
     kernels::gemm(kernels::Form::abT, bq, bk, dims.r, G + i0 * dims.r, V + j0 * dims.r, dP.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
         const T mean = Policy::subtract_row_mean ? D[i0 + i] : T(0);
-        T* p = P.data() + i * bk;
-        const T* dp = dP.data() + i * bk;
-        for (std::size_t j = 0; j < bk; ++j) p[j] = T(dims.c * T(p[j] * T(dp[j] - mean)));
+        score_gradient_row(P.data() + i * bk, dP.data() + i * bk, bk, mean, dims.c);
     }
 }
 
@@ -249,12 +303,10 @@ struct FusedAttentionOp {
                         std::fill(row, row + bk, T(0));
                         continue;
                     }
-                    T row_max = m[i];
-                    for (std::size_t j = 0; j < seen[i]; ++j) row_max = std::max(row_max, row[j]);
+                    const T row_max = fused_detail::max_of(row, seen[i], m[i]);
                     fused_detail::exp_shifted(row, seen[i], row_max);
                     std::fill(row + seen[i], row + bk, T(0));
-                    T total(0);
-                    for (std::size_t j = 0; j < seen[i]; ++j) total += row[j];
+                    const T total = fused_detail::sum_of(row, seen[i]);
                     if (m[i] != row_max) {  // a larger maximum: rescale what was summed so far
                         if (l[i] != T(0)) {  // (nothing summed yet on the row's first visible tile)
                             const T alpha = exp(T(m[i] - row_max));

@@ -1,0 +1,257 @@
+// Benchmark of the fused attention op (ops/fused_attention.hpp) against tapegrad's composed graph
+// and LibTorch's composed graph, on the spec's single-head attention with projections:
+//   Q = X·W_Q, K = X·W_K, V = X·W_V (X [T×D], D = d = r), O = attention, backward seeded with a
+//   random G = dJ/dO; timed forward + backward, in double, best of a few runs.
+// Prints one line per (T, threads):
+//   fused T=… d=… threads=… fused_us=… composed_us=… libtorch_us=… peak_mib=…
+// peak_mib is the heap the fused run needs beyond its inputs (X, W, Q, K, V), its output O and the
+// gradients (dO seed, dQ, dK, dV, dX, dW): the peak of live heap bytes during forward + backward,
+// minus the live bytes before it, minus those tensors' bytes. Live bytes are counted by wrapping
+// malloc/free (and the aligned and realloc variants) in this program, so std::vector, Eigen's
+// GEMM blocks and everything else are included; thread stacks (mmap by pthreads) are not.
+// The composed graphs are skipped for T > 4096 (each T×T matrix is then 2 GiB or more: "na").
+//
+// Usage: bench_fused [--threads N] [T ...]    (default: T = 1024 4096 16384, threads 1 then 2)
+
+// GCC 12 with -march=native (AVX-512) reports a false -Wmaybe-uninitialized inside its own
+// avx512fintrin.h (_mm256_undefined_pd) when inlining Eigen's GEMV reductions (GCC bug 105593);
+// the benchmarks are the only targets built with -march=native, so it is silenced here only.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "tapegrad.hpp"
+#include "ops/fused_attention.hpp"
+
+#ifdef TAPEGRAD_HAVE_TORCH
+#include <torch/torch.h>
+#endif
+
+#include <fmt/format.h>
+#include <malloc.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+// ---- live heap accounting (glibc: the program's malloc family wraps libc's) ----
+extern "C" {
+void* __libc_malloc(std::size_t);
+void __libc_free(void*);
+void* __libc_calloc(std::size_t, std::size_t);
+void* __libc_realloc(void*, std::size_t);
+void* __libc_memalign(std::size_t, std::size_t);
+}
+
+namespace heap {
+std::atomic<long long> live{0};
+std::atomic<long long> peak{0};
+inline void grew(void* p) {
+    if (p == nullptr) return;
+    const long long now = live += static_cast<long long>(malloc_usable_size(p));
+    long long seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
+    }
+}
+inline void shrinks(void* p) {
+    if (p != nullptr) live -= static_cast<long long>(malloc_usable_size(p));
+}
+}  // namespace heap
+
+extern "C" {
+void* malloc(std::size_t size) {
+    void* p = __libc_malloc(size);
+    heap::grew(p);
+    return p;
+}
+void free(void* p) {
+    heap::shrinks(p);
+    __libc_free(p);
+}
+void* calloc(std::size_t count, std::size_t size) {
+    void* p = __libc_calloc(count, size);
+    heap::grew(p);
+    return p;
+}
+void* realloc(void* old, std::size_t size) {
+    heap::shrinks(old);
+    void* p = __libc_realloc(old, size);
+    heap::grew(p != nullptr ? p : (size != 0 ? old : nullptr));  // a failed realloc keeps `old`
+    return p;
+}
+void* memalign(std::size_t alignment, std::size_t size) {
+    void* p = __libc_memalign(alignment, size);
+    heap::grew(p);
+    return p;
+}
+void* aligned_alloc(std::size_t alignment, std::size_t size) { return memalign(alignment, size); }
+int posix_memalign(void** out, std::size_t alignment, std::size_t size) {
+    void* p = memalign(alignment, size);
+    if (p == nullptr) return 12;  // ENOMEM
+    *out = p;
+    return 0;
+}
+}
+
+namespace {
+
+using namespace tapegrad;
+using Clock = std::chrono::steady_clock;
+
+struct BenchInputs {
+    Tensor<double> X, W_Q, W_K, W_V, G;
+};
+
+BenchInputs make_inputs(std::size_t T, std::size_t d) {
+    std::mt19937_64 rng(T * 131 + d);
+    std::normal_distribution<double> normal;
+    const auto random = [&](const Shape& shape, double scale) {
+        Tensor<double> t(shape);
+        for (double& x : t.data()) x = scale * normal(rng);
+        return t;
+    };
+    // Unit-variance X and weights of variance 1/D: unit-variance Q, K, V, so Q·Kᵀ/√d has unit
+    // variance (the spec's scaling model) and softmax is neither uniform nor saturated.
+    const double w = 1 / std::sqrt(double(d));
+    return {random({T, d}, 1.0), random({d, d}, w), random({d, d}, w), random({d, d}, w), random({T, d}, 1.0)};
+}
+
+// CPU time of the whole process (all threads), in microseconds.
+double cpu_us() {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return double(t.tv_sec) * 1e6 + double(t.tv_nsec) / 1e3;
+}
+
+// Best wall time and best CPU time of `runs` calls, in microseconds. On a shared machine the
+// wall time includes waiting for a core; with one thread the CPU time is the work itself.
+struct Timing {
+    double wall_us = 1e300, cpu_us = 1e300;
+};
+Timing best_of(int runs, const std::function<void()>& run) {
+    Timing best;
+    for (int k = 0; k < runs; ++k) {
+        const auto start = Clock::now();
+        const double cpu_start = cpu_us();
+        run();
+        best.cpu_us = std::min(best.cpu_us, cpu_us() - cpu_start);
+        best.wall_us = std::min(best.wall_us, std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+    }
+    return best;
+}
+
+// One fused forward + backward; returns the extra heap bytes (see the top of this file).
+double fused_run(const BenchInputs& in, bool measure) {
+    const long long before = heap::live.load();
+    heap::peak = before;
+    long long accounted = 0;
+    {
+        Tape<double> tape;
+        const Var<double> X = tape.leaf(in.X), W_Q = tape.leaf(in.W_Q), W_K = tape.leaf(in.W_K),
+                          W_V = tape.leaf(in.W_V);
+        const Var<double> O = fused_attention(matmul(X, W_Q), matmul(X, W_K), matmul(X, W_V), false, 0);
+        tape.backward(O, in.G);
+        if (measure) {
+            // Inputs (leaves and Q, K, V), the output O, and every gradient on the tape.
+            long long bytes = 0;
+            for (std::size_t i = 0; i < tape.size(); ++i) {
+                // info.bytes = value + saved + gradient; the fused node's saved L (one number per
+                // query row) is memory the op adds, so it is not subtracted.
+                const NodeInfo info = tape.info(i);
+                bytes += static_cast<long long>(info.bytes);
+                if (info.op == FusedAttention::name) bytes -= static_cast<long long>(in.X.rows() * sizeof(double));
+            }
+            accounted = bytes;
+        }
+    }
+    if (!measure) return 0;
+    return double(heap::peak.load() - before - accounted);
+}
+
+double composed_run(const BenchInputs& in) {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(in.X), W_Q = tape.leaf(in.W_Q), W_K = tape.leaf(in.W_K), W_V = tape.leaf(in.W_V);
+    const Var<double> O = attention(X, W_Q, W_K, W_V).O;
+    tape.backward(O, in.G);
+    return O.value()[0];
+}
+
+#ifdef TAPEGRAD_HAVE_TORCH
+torch::Tensor to_torch(const Tensor<double>& t, bool requires_grad) {
+    const auto data = t.data();
+    return torch::from_blob(const_cast<double*>(data.data()),
+                            {static_cast<long>(t.rows()), static_cast<long>(t.cols())}, torch::kFloat64)
+        .clone()
+        .set_requires_grad(requires_grad);
+}
+
+double libtorch_run(const BenchInputs& in) {
+    const torch::Tensor X = to_torch(in.X, true), W_Q = to_torch(in.W_Q, true), W_K = to_torch(in.W_K, true),
+                        W_V = to_torch(in.W_V, true), G = to_torch(in.G, false);
+    const torch::Tensor Q = X.matmul(W_Q), K = X.matmul(W_K), V = X.matmul(W_V);
+    const torch::Tensor S = Q.matmul(K.transpose(0, 1)) / std::sqrt(double(in.W_Q.cols()));
+    const torch::Tensor O = torch::softmax(S, -1).matmul(V);
+    O.backward(G);
+    return X.grad().index({0, 0}).item<double>();
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::vector<std::size_t> sizes;
+    std::vector<unsigned> thread_counts;
+    for (int a = 1; a < argc; ++a) {
+        const std::string arg = argv[a];
+        if (arg == "--threads" && a + 1 < argc) {
+            thread_counts.push_back(static_cast<unsigned>(std::stoul(argv[++a])));
+        } else {
+            sizes.push_back(std::stoul(arg));
+        }
+    }
+    if (sizes.empty()) sizes = {1024, 4096, 16384};
+    if (thread_counts.empty()) thread_counts = {1, 2};
+    const std::size_t d = 64;
+    fmt::print("# fused attention benchmark: D = d = r = {}, double, forward + backward, best of runs\n", d);
+    for (const unsigned threads : thread_counts) {
+        fused_attention_threads() = threads;
+        Eigen::setNbThreads(1);  // tapegrad's GEMMs are single-threaded; the fused op threads itself
+#ifdef TAPEGRAD_HAVE_TORCH
+        torch::set_num_threads(static_cast<int>(threads));
+#endif
+        for (const std::size_t T : sizes) {
+            const BenchInputs in = make_inputs(T, d);
+            const int runs = T <= 1024 ? 5 : (T <= 4096 ? 3 : 1);
+            const double extra = fused_run(in, true);  // also the warm-up
+            const Timing fused = best_of(runs, [&] { fused_run(in, false); });
+            std::string composed = "na", libtorch = "na", composed_cpu = "na", libtorch_cpu = "na";
+            if (T <= 4096) {
+                const Timing c = best_of(runs, [&] { composed_run(in); });
+                composed = fmt::format("{:.0f}", c.wall_us);
+                composed_cpu = fmt::format("{:.0f}", c.cpu_us);
+#ifdef TAPEGRAD_HAVE_TORCH
+                libtorch_run(in);  // warm-up
+                const Timing t = best_of(runs, [&] { libtorch_run(in); });
+                libtorch = fmt::format("{:.0f}", t.wall_us);
+                libtorch_cpu = fmt::format("{:.0f}", t.cpu_us);
+#endif
+            }
+            // Wall times first (the format), then CPU times of the same runs.
+            fmt::print("fused T={} d={} threads={} fused_us={:.0f} composed_us={} libtorch_us={} peak_mib={:.2f} "
+                       "fused_cpu_us={:.0f} composed_cpu_us={} libtorch_cpu_us={}\n",
+                       T, d, threads, fused.wall_us, composed, libtorch, extra / (1024.0 * 1024.0), fused.cpu_us,
+                       composed_cpu, libtorch_cpu);
+            std::fflush(stdout);
+        }
+    }
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    fmt::print("# process max RSS {:.0f} MiB (includes the composed graphs)\n", double(usage.ru_maxrss) / 1024.0);
+}
