@@ -1,0 +1,264 @@
+// Multi-head attention and the retrieval model through the 50-digit checker: every parameter and
+// the input embeddings (full mode on small sizes, fast mode on bigger ones), tied W_Q = W_K,
+// padding (padded keys never attended, padded query rows exactly zero), the key-value cache with
+// several heads, causality, and the fused-kernel switch's usage errors.
+#define BOOST_TEST_MODULE multihead
+#include "support.hpp"
+
+#include <cmath>
+#include <iostream>
+
+using namespace tapegrad;
+using tapegrad::testing::probe;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+MultiHeadOptions heads_options(std::size_t heads, std::vector<std::size_t> lengths = {}) {
+    MultiHeadOptions options;
+    options.heads = heads;
+    options.lengths = std::move(lengths);
+    return options;
+}
+
+// Rows [begin, end) of each sequence of a [B × T × D] tensor.
+Tensor<double> time_slice(const Tensor<double>& x, std::size_t begin, std::size_t end) {
+    const std::size_t B = x.shape()[0], T = x.shape()[1], D = x.shape()[2];
+    Tensor<double> part(Shape{B, end - begin, D});
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t t = begin; t < end; ++t)
+            for (std::size_t c = 0; c < D; ++c) part.at({b, t - begin, c}) = x.at({b, t, c});
+    (void)T;
+    return part;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(every_parameter_and_the_input_pass_the_full_50_digit_check) {
+    std::mt19937_64 rng(20);
+    // B = 2, T = 3, D = 4, two heads of width 2, D_out = 3.
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            const auto [X, W_Q, W_K, W_V, W_O] = in;
+            return probe(multihead_attention(X, MultiHeadWeights<typename decltype(X)::scalar_type>{W_Q, W_K, W_V, W_O},
+                                             heads_options(2))
+                             .Y);
+        },
+        {{"X", random_tensor(Shape{2, 3, 4}, rng)},
+         {"W_Q", random_tensor(Shape{4, 4}, rng)},
+         {"W_K", random_tensor(Shape{4, 4}, rng)},
+         {"W_V", random_tensor(Shape{4, 4}, rng)},
+         {"W_O", random_tensor(Shape{4, 3}, rng)}});
+    BOOST_TEST(report.passed, report.summary());
+    BOOST_TEST(report.failed_branches().empty());
+    std::cout << "multi-head full check: " << report.summary() << "\n";
+}
+
+BOOST_AUTO_TEST_CASE(padding_offset_and_dropout_pass_the_full_check) {
+    std::mt19937_64 rng(21);
+    // Queries at positions 1..2 of sequences of lengths 3 and 2 (so one padded query row), with
+    // dropout held fixed by a generator seeded inside the graph.
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            const auto [Xq, Xm, W_Q, W_K, W_V, W_O] = in;
+            std::mt19937_64 generator(7);
+            MultiHeadOptions options = heads_options(2, {3, 2});
+            options.query_offset = 1;
+            options.dropout = DropoutSettings{0.2, generator};
+            return probe(
+                multihead_attention(Xq, Xm, MultiHeadWeights<typename decltype(Xq)::scalar_type>{W_Q, W_K, W_V, W_O},
+                                    options)
+                    .Y);
+        },
+        {{"X_query", random_tensor(Shape{2, 2, 4}, rng)},
+         {"X_memory", random_tensor(Shape{2, 3, 4}, rng)},
+         {"W_Q", random_tensor(Shape{4, 4}, rng)},
+         {"W_K", random_tensor(Shape{4, 4}, rng)},
+         {"W_V", random_tensor(Shape{4, 2}, rng)},
+         {"W_O", random_tensor(Shape{2, 3}, rng)}});
+    BOOST_TEST(report.passed, report.summary());
+}
+
+BOOST_AUTO_TEST_CASE(a_bigger_model_passes_the_fast_check) {
+    std::mt19937_64 rng(22);
+    CheckOptions fast;
+    fast.mode = CheckOptions::Mode::fast;
+    // Branch attribution perturbs every coordinate (it is a full check per branch); the full
+    // checks on small sizes above cover the branches, fast mode here covers the size.
+    fast.check_branches = false;
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            const auto [X, W_Q, W_K, W_V, W_O] = in;
+            return probe(multihead_attention(X, MultiHeadWeights<typename decltype(X)::scalar_type>{W_Q, W_K, W_V, W_O},
+                                             heads_options(4, {8, 5}))
+                             .Y);
+        },
+        {{"X", random_tensor(Shape{2, 8, 16}, rng)},
+         {"W_Q", random_tensor(Shape{16, 16}, rng, 0.5)},
+         {"W_K", random_tensor(Shape{16, 16}, rng, 0.5)},
+         {"W_V", random_tensor(Shape{16, 16}, rng, 0.5)},
+         {"W_O", random_tensor(Shape{16, 16}, rng, 0.5)}},
+        fast);
+    BOOST_TEST(report.passed, report.summary());
+    BOOST_TEST(report.mode == "fast");  // no direction disagreed, so no fallback was needed
+}
+
+BOOST_AUTO_TEST_CASE(tied_query_and_key_weights_sum_both_paths) {
+    std::mt19937_64 rng(23);
+    // W_Q and W_K are one leaf: its gradient is the Q path plus the K path, and the checker
+    // confirms the sum and each branch on its own.
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            const auto [X, W_QK, W_V, W_O] = in;
+            return probe(
+                multihead_attention(X, MultiHeadWeights<typename decltype(X)::scalar_type>{W_QK, W_QK, W_V, W_O},
+                                    heads_options(2))
+                    .Y);
+        },
+        {{"X", random_tensor(Shape{2, 3, 4}, rng)},
+         {"W_QK", random_tensor(Shape{4, 4}, rng)},
+         {"W_V", random_tensor(Shape{4, 2}, rng)},
+         {"W_O", random_tensor(Shape{2, 3}, rng)}});
+    BOOST_TEST(report.passed, report.summary());
+    std::size_t tied_branches = 0;
+    for (const BranchReport& b : report.branches) tied_branches += b.leaf == "W_QK";
+    BOOST_TEST(tied_branches == 2u);  // the Q projection and the K projection
+}
+
+BOOST_AUTO_TEST_CASE(padded_keys_are_never_attended_and_padded_rows_are_zero) {
+    std::mt19937_64 rng(24);
+    const std::size_t B = 2, T = 5, D = 4;
+    const std::vector<std::size_t> lengths = {5, 3};
+    const Tensor<double> x = random_tensor(Shape{B, T, D}, rng);
+    Tensor<double> x_changed = x;  // padding of sequence 1 replaced by anything else
+    for (std::size_t t = lengths[1]; t < T; ++t)
+        for (std::size_t c = 0; c < D; ++c) x_changed.at({1, t, c}) = 100.0 + static_cast<double>(t * c);
+    Tape<double> tape;
+    const MultiHeadWeights<double> w{tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, D}, rng)),
+                                     tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, 3}, rng))};
+    for (const bool causal : {true, false}) {
+        MultiHeadOptions options = heads_options(2, lengths);
+        options.causal = causal;
+        const auto r = multihead_attention(tape.leaf(x), w, options);
+        const auto r2 = multihead_attention(tape.leaf(x_changed), w, options);
+        for (std::size_t h = 0; h < 2; ++h)
+            for (std::size_t i = 0; i < T; ++i)
+                for (std::size_t j = lengths[1]; j < T; ++j) BOOST_TEST(r.A.value().at({1, h, i, j}) == 0.0);
+        for (std::size_t t = 0; t < T; ++t)
+            for (std::size_t c = 0; c < 3; ++c) {
+                if (t < lengths[1]) {
+                    BOOST_TEST(r.Y.value().at({1, t, c}) == r2.Y.value().at({1, t, c}));
+                } else {
+                    BOOST_TEST(r.Y.value().at({1, t, c}) == 0.0);  // a padded query row: defined as zero
+                }
+            }
+    }
+    BOOST_CHECK_THROW(multihead_attention(tape.leaf(x), w, heads_options(2, {5, 0})), value_error);
+    BOOST_CHECK_THROW(multihead_attention(tape.leaf(x), w, heads_options(2, {5})), shape_error);
+}
+
+BOOST_AUTO_TEST_CASE(several_heads_in_blocks_equal_the_full_pass) {
+    std::mt19937_64 rng(25);
+    const std::size_t B = 2, T = 6, D = 8;
+    const Tensor<double> x = random_tensor(Shape{B, T, D}, rng);
+    Tape<double> tape;
+    const MultiHeadWeights<double> w{tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, D}, rng)),
+                                     tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, D}, rng))};
+    const Tensor<double> full = multihead_attention(tape.leaf(x), w, heads_options(4)).Y.value();
+    double worst = 0;
+    for (const auto& [begin, end] : {std::pair<std::size_t, std::size_t>{0, 1}, {1, 4}, {4, 6}}) {
+        MultiHeadOptions options = heads_options(4);
+        options.query_offset = begin;
+        const Tensor<double> block =
+            multihead_attention(tape.leaf(time_slice(x, begin, end)), tape.leaf(time_slice(x, 0, end)), w, options)
+                .Y.value();
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t t = begin; t < end; ++t)
+                for (std::size_t c = 0; c < D; ++c)
+                    worst = std::max(worst, std::abs(block.at({b, t - begin, c}) - full.at({b, t, c})));
+    }
+    BOOST_TEST(worst <= 1e-12);  // the same sums in (at most) another order
+}
+
+BOOST_AUTO_TEST_CASE(the_gradient_of_an_output_to_any_later_input_is_exactly_zero) {
+    std::mt19937_64 rng(26);
+    const std::size_t T = 5, D = 4, t = 1;
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(random_tensor(Shape{1, T, D}, rng), "X");
+    const MultiHeadWeights<double> w{tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, D}, rng)),
+                                     tape.leaf(random_tensor(Shape{D, D}, rng)), tape.leaf(random_tensor(Shape{D, D}, rng))};
+    const Var<double> Y = multihead_attention(X, w, heads_options(2)).Y;
+    Tensor<double> G(Y.shape(), 0.0);
+    for (std::size_t c = 0; c < D; ++c) G.at({0, t, c}) = 1.0 + static_cast<double>(c);
+    tape.backward(Y, G);
+    for (std::size_t j = t + 1; j < T; ++j)
+        for (std::size_t c = 0; c < D; ++c) BOOST_TEST(X.grad().at({0, j, c}) == 0.0);
+}
+
+BOOST_AUTO_TEST_CASE(the_fused_switch_refuses_what_the_fused_kernel_cannot_do) {
+    std::mt19937_64 rng(27);
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(random_tensor(Shape{2, 3, 4}, rng));
+    const MultiHeadWeights<double> w{tape.leaf(random_tensor(Shape{4, 4}, rng)), tape.leaf(random_tensor(Shape{4, 4}, rng)),
+                                     tape.leaf(random_tensor(Shape{4, 4}, rng)), tape.leaf(random_tensor(Shape{4, 4}, rng))};
+    MultiHeadOptions padded = heads_options(2, {3, 2});
+    padded.kernel = AttentionKernel::fused;
+    try {
+        multihead_attention(X, w, padded);
+        BOOST_FAIL("fused with padding did not throw");
+    } catch (const usage_error& e) {
+        BOOST_TEST(std::string(e.what()).find("padding") != std::string::npos, e.what());
+    }
+    std::mt19937_64 generator(1);
+    MultiHeadOptions dropped = heads_options(2);
+    dropped.kernel = AttentionKernel::fused;
+    dropped.dropout = DropoutSettings{0.1, generator};
+    try {
+        multihead_attention(X, w, dropped);
+        BOOST_FAIL("fused with dropout did not throw");
+    } catch (const usage_error& e) {
+        BOOST_TEST(std::string(e.what()).find("dropout") != std::string::npos, e.what());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(the_whole_retrieval_model_passes_the_checker) {
+    // Tiny configuration, full mode: every parameter, E used twice per position (key and value).
+    RetrievalConfig config;
+    config.keys = 3;
+    config.values = 3;
+    config.pairs = 2;
+    config.width = 4;
+    config.heads = 2;
+    std::mt19937_64 data(30);
+    const RetrievalBatch batch = make_retrieval_batch(config, 2, data);
+    const RetrievalParameters p = RetrievalParameters::initial(config);
+    const auto graph = [&](auto in) {
+        const auto [E, P, W_Q, W_K, W_V, W_O, W_U] = in;
+        using T = typename decltype(E)::scalar_type;
+        return retrieval_loss(RetrievalVars<T>{E, P, W_Q, W_K, W_V, W_O, W_U}, batch, config.heads);
+    };
+    const CheckReport full = check_gradients(
+        graph, {{"E", p.E}, {"P", p.P}, {"W_Q", p.W_Q}, {"W_K", p.W_K}, {"W_V", p.W_V}, {"W_O", p.W_O}, {"W_U", p.W_U}});
+    BOOST_TEST(full.passed, full.summary());
+    std::cout << "retrieval model full check: " << full.summary() << "\n";
+
+    // The default configuration (D = 32, 4 heads, 13 positions), fast mode.
+    const RetrievalConfig big;
+    const RetrievalBatch big_batch = make_retrieval_batch(big, 3, data);
+    const RetrievalParameters q = RetrievalParameters::initial(big);
+    CheckOptions fast;
+    fast.mode = CheckOptions::Mode::fast;
+    // Branch attribution perturbs every coordinate (it is a full check per branch); the full
+    // checks on small sizes above cover the branches, fast mode here covers the size.
+    fast.check_branches = false;
+    const CheckReport quick = check_gradients(
+        [&](auto in) {
+            const auto [E, P, W_Q, W_K, W_V, W_O, W_U] = in;
+            using T = typename decltype(E)::scalar_type;
+            return retrieval_loss(RetrievalVars<T>{E, P, W_Q, W_K, W_V, W_O, W_U}, big_batch, big.heads);
+        },
+        {{"E", q.E}, {"P", q.P}, {"W_Q", q.W_Q}, {"W_K", q.W_K}, {"W_V", q.W_V}, {"W_O", q.W_O}, {"W_U", q.W_U}},
+        fast);
+    BOOST_TEST(quick.passed, quick.summary());
+    std::cout << "retrieval model (default size) fast check: " << quick.summary() << "\n";
+}
