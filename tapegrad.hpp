@@ -4,6 +4,8 @@
 #include "autodiff/error.hpp"
 #include "autodiff/format.hpp"
 #include "autodiff/gradcheck.hpp"
+#include "autodiff/graphviz.hpp"
+#include "autodiff/npy.hpp"
 #include "autodiff/scalar.hpp"
 #include "autodiff/tape.hpp"
 #include "autodiff/tensor.hpp"
