@@ -19,6 +19,7 @@
 #include "ops/cross_entropy.hpp"
 #include "ops/dropout.hpp"
 #include "ops/embedding.hpp"
+#include "ops/fused_attention.hpp"
 #include "ops/mask.hpp"
 #include "ops/merge_heads.hpp"
 #include "ops/matmul.hpp"
