@@ -11,11 +11,13 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstdint>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,7 +56,29 @@ struct OpKind {
     void (*vjp)(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
                 const Tensor<T>& dout, std::size_t which, Tensor<T>& din);
     OpCost (*cost)(Inputs<T> in, const OpAttrs<T>& attrs);
+    // Optional (nullptr when the op has none): recomputes the output after some inputs changed
+    // (`after`), from the recorded inputs (`before`) and output, doing work only for what changed.
+    // Returns false when that would not pay, and the replay runs `forward` instead. Only ops whose
+    // forward saves nothing provide it. Tape::replay uses it; results agree with `forward` to
+    // rounding in the last digit (see MatMul::update).
+    bool (*update)(Inputs<T> before, Inputs<T> after, const OpAttrs<T>& attrs, const Tensor<T>& out_before,
+                   Tensor<T>& out);
 };
+
+namespace detail {
+template <class Op, Scalar T>
+constexpr auto update_of() {
+    using Update = bool (*)(Inputs<T>, Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, Tensor<T>&);
+    if constexpr (requires(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& t, Tensor<T>& out) {
+                      { Op::template update<T>(in, in, attrs, t, out) } -> std::same_as<bool>;
+                  }) {
+        return Update{[](Inputs<T> before, Inputs<T> after, const OpAttrs<T>& attrs, const Tensor<T>& out_before,
+                         Tensor<T>& out) { return Op::template update<T>(before, after, attrs, out_before, out); }};
+    } else {
+        return Update{nullptr};
+    }
+}
+}  // namespace detail
 
 // What an op struct provides, for scalar type T.
 template <class Op, class T>
@@ -80,6 +104,7 @@ inline constexpr OpKind<T> op_kind_of{
             return OpCost{};
         }
     },
+    detail::update_of<Op, T>(),
 };
 
 // A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
@@ -156,19 +181,24 @@ public:
     Tape(const Tape&) = delete;
     Tape& operator=(const Tape&) = delete;
 
-    // An input or parameter. Gradients are computed for it when `requires_grad`.
-    Var<T> leaf(Tensor<T> value, std::string_view label = {}, bool requires_grad = true) {
+    // An input or parameter. Gradients are computed for it when `requires_grad`. A tensor passed
+    // by reference is copied into the node's reused buffer (no allocation once the tape has held
+    // a graph of this size); a temporary is moved in.
+    Var<T> leaf(const Tensor<T>& value, std::string_view label = {}, bool requires_grad = true) {
         check_no_nan(value, "leaf", label);
-        Node& node = append();
-        node.kind = nullptr;
-        node.arity = 0;
-        node.requires_grad = requires_grad;
+        Node& node = append_leaf(label, requires_grad);
+        node.value = value;  // vector copy-assignment keeps the node's capacity
+        return handle(used_ - 1);
+    }
+    Var<T> leaf(Tensor<T>&& value, std::string_view label = {}, bool requires_grad = true) {
+        check_no_nan(value, "leaf", label);
+        Node& node = append_leaf(label, requires_grad);
         node.value = std::move(value);
-        node.label.assign(label);
         return handle(used_ - 1);
     }
     // A value that never needs a gradient (masks, the probe G, targets).
-    Var<T> constant(Tensor<T> value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
+    Var<T> constant(const Tensor<T>& value, std::string_view label = {}) { return leaf(value, label, false); }
+    Var<T> constant(Tensor<T>&& value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
 
     // Appends a node for `Op` applied to `inputs`. The op's public function has checked shapes.
     template <class Op>
@@ -212,7 +242,12 @@ public:
                 "backward: output of shape {} is not a scalar; pass its upstream gradient G explicitly",
                 value.shape().to_string()));
         }
-        backward(output, Tensor<T>(value.shape(), T(1)));
+        if (backward_done_) throw_backward_done();
+        // Seeded in place: the node's gradient buffer is reused, no tensor is allocated.
+        Node& seed = nodes_[output.index_];
+        seed.grad.resize(value.shape());
+        seed.grad.fill(T(1));
+        sweep(output.index_);
     }
 
     // Reverse sweep from `output`, seeded with the upstream gradient G (same shape as output).
@@ -223,39 +258,10 @@ public:
             throw shape_error(fmt::format("backward: upstream gradient of shape {} for an output of shape {}",
                                           upstream.shape().to_string(), seed.value.shape().to_string()));
         }
-        if (backward_done_) {
-            throw usage_error(
-                "backward: this tape already holds gradients from an earlier backward; call zero_grad() first "
-                "(gradients would otherwise add up)");
-        }
+        if (backward_done_) throw_backward_done();
         check_no_nan(upstream, "backward", "the upstream gradient");
-        branches_.clear();
-        seed.grad = upstream;
-        seed.has_grad = true;
-        for (std::size_t i = output.index_ + 1; i-- > 0;) {
-            Node& node = nodes_[i];
-            if (node.kind == nullptr || !node.has_grad || !node.requires_grad) continue;
-            std::array<const Tensor<T>*, max_arity> values{};
-            gather_inputs(node, values);
-            const Inputs<T> in(values.data(), node.arity);
-            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-                const std::uint32_t target = node.inputs[slot];
-                if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
-                scratch_.resize(nodes_[target].value.shape());
-                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, scratch_);
-                accumulate(target, static_cast<std::uint32_t>(i), slot);
-            }
-        }
-        // A value the output does not depend on has gradient zero.
-        for (std::size_t i = 0; i < used_; ++i) {
-            Node& node = nodes_[i];
-            if (node.requires_grad && !node.has_grad) {
-                node.grad.resize(node.value.shape());
-                node.grad.fill(T(0));
-                node.has_grad = true;
-            }
-        }
-        backward_done_ = true;
+        seed.grad = upstream;  // copy-assignment reuses the node's buffer
+        sweep(output.index_);
     }
 
     // Forgets gradients, keeps values: backward may run again.
@@ -344,9 +350,11 @@ public:
             const Node& node = nodes_[i];
             if (node.kind == nullptr) continue;
             std::array<const Tensor<T>*, max_arity> values{};
+            std::array<const Tensor<T>*, max_arity> recorded{};
             bool touched = false;
             for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
                 const std::uint32_t source = node.inputs[slot];
+                recorded[slot] = &nodes_[source].value;
                 values[slot] = work.dirty[source] ? &work.values[source] : &nodes_[source].value;
                 touched = touched || work.dirty[source];
                 for (const Replacement& r : replacements) {
@@ -357,8 +365,15 @@ public:
                 }
             }
             if (!touched) continue;
-            node.kind->forward(std::span(values.data(), node.arity), node.attrs, work.values[i], work.saved[i]);
             work.dirty[i] = 1;
+            // A perturbed coordinate usually changes few entries: let the op update its recorded
+            // output instead of recomputing it (the checker's 50-digit replays are most of its time).
+            if (node.kind->update != nullptr &&
+                node.kind->update(std::span(recorded.data(), node.arity), std::span(values.data(), node.arity),
+                                  node.attrs, node.value, work.values[i])) {
+                continue;
+            }
+            node.kind->forward(std::span(values.data(), node.arity), node.attrs, work.values[i], work.saved[i]);
         }
         return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
     }
@@ -378,6 +393,7 @@ public:
 private:
     friend class Var<T>;
 
+
     struct Node {
         const OpKind<T>* kind = nullptr;  // nullptr for a leaf
         std::array<std::uint32_t, max_arity> inputs{};
@@ -396,6 +412,57 @@ private:
         Node& node = nodes_[used_++];
         node.has_grad = false;
         node.saved.resize(Shape{0});
+        return node;
+    }
+
+    [[noreturn]] static void throw_backward_done() {
+        throw usage_error(
+            "backward: this tape already holds gradients from an earlier backward; call zero_grad() first "
+            "(gradients would otherwise add up)");
+    }
+
+    // The reverse sweep from node `output`, whose gradient (the seed) has been written.
+    void sweep(std::size_t output) {
+        branches_.clear();
+        nodes_[output].has_grad = true;
+        // A value the output does not depend on has gradient zero: nodes after the output, and
+        // (found during the sweep, when all their consumers have been visited) nodes before it.
+        for (std::size_t i = output + 1; i < used_; ++i) zero_gradient_if_missing(nodes_[i]);
+        for (std::size_t i = output + 1; i-- > 0;) {
+            Node& node = nodes_[i];
+            if (!node.has_grad) {  // J does not depend on it: zero, and nothing to pass on
+                zero_gradient_if_missing(node);
+                continue;
+            }
+            if (node.kind == nullptr || !node.requires_grad) continue;
+            std::array<const Tensor<T>*, max_arity> values{};
+            gather_inputs(node, values);
+            const Inputs<T> in(values.data(), node.arity);
+            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+                const std::uint32_t target = node.inputs[slot];
+                if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
+                scratch_.resize(nodes_[target].value.shape());
+                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, scratch_);
+                accumulate(target, static_cast<std::uint32_t>(i), slot);
+            }
+        }
+        backward_done_ = true;
+    }
+
+    static void zero_gradient_if_missing(Node& node) {
+        if (node.requires_grad && !node.has_grad) {
+            node.grad.resize(node.value.shape());
+            node.grad.fill(T(0));
+            node.has_grad = true;
+        }
+    }
+
+    Node& append_leaf(std::string_view label, bool requires_grad) {
+        Node& node = append();
+        node.kind = nullptr;
+        node.arity = 0;
+        node.requires_grad = requires_grad;
+        node.label.assign(label);
         return node;
     }
 
@@ -444,7 +511,7 @@ private:
             throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
                                     scratch_.shape().to_string(), node.value.shape().to_string()));
         }
-        check_no_nan(scratch_, op, fmt::format("the gradient of its input {}", slot));
+        check_no_nan(scratch_, op, "the gradient of its input", static_cast<int>(slot));
         if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, scratch_});
         if (!node.has_grad) {
             std::swap(node.grad, scratch_);
@@ -456,11 +523,19 @@ private:
         for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += part[k];
     }
 
-    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what) {
+    // `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
+    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
         const std::span<const T> data = tensor.data();
+        if constexpr (std::is_floating_point_v<T>) {
+            // Branch-free scan (vectorises); the index is looked for only once a NaN is known.
+            bool any = false;
+            for (const T x : data) any |= (x != x);
+            if (!any) return;
+        }
         for (std::size_t k = 0; k < data.size(); ++k) {
             if (is_nan(data[k])) {
-                throw value_error(fmt::format("{}: NaN in {} at index {} (shape {})", op, what,
+                throw value_error(fmt::format("{}: NaN in {}{} at index {} (shape {})", op, what,
+                                              slot >= 0 ? fmt::format(" {}", slot) : std::string(),
                                               index_string(tensor.shape(), k), tensor.shape().to_string()));
             }
         }
