@@ -441,9 +441,14 @@ private:
             for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
                 const std::uint32_t target = node.inputs[slot];
                 if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
-                scratch_.resize(nodes_[target].value.shape());
-                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, scratch_);
-                accumulate(target, static_cast<std::uint32_t>(i), slot);
+                // The first contribution is written straight into the input's own gradient buffer
+                // (kept across clear(), so a reused tape allocates nothing); later ones go to the
+                // scratch tensor and are added.
+                Node& input = nodes_[target];
+                Tensor<T>& din = input.has_grad ? scratch_ : input.grad;
+                din.resize(input.value.shape());
+                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, din);
+                accumulate(target, static_cast<std::uint32_t>(i), slot, din);
             }
         }
         backward_done_ = true;
@@ -504,22 +509,21 @@ private:
 
     // The one place gradients meet: contributions add, so a value used by several ops (X feeding
     // Q, K and V) receives the sum of its branches.
-    void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot) {
+    void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution) {
         Node& node = nodes_[target];
         const std::string_view op = nodes_[consumer].kind->name;
-        if (!(scratch_.shape() == node.value.shape())) {
+        if (!(contribution.shape() == node.value.shape())) {
             throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
-                                    scratch_.shape().to_string(), node.value.shape().to_string()));
+                                    contribution.shape().to_string(), node.value.shape().to_string()));
         }
-        check_no_nan(scratch_, op, "the gradient of its input", static_cast<int>(slot));
-        if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, scratch_});
-        if (!node.has_grad) {
-            std::swap(node.grad, scratch_);
+        check_no_nan(contribution, op, "the gradient of its input", static_cast<int>(slot));
+        if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, contribution});
+        if (!node.has_grad) {  // the contribution was written into node.grad itself
             node.has_grad = true;
             return;
         }
         const std::span<T> sum = node.grad.data();
-        const std::span<const T> part = std::as_const(scratch_).data();
+        const std::span<const T> part = contribution.data();
         for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += part[k];
     }
 
