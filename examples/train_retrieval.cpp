@@ -2,7 +2,7 @@
 // gradients: token + position embeddings, multi-head causal attention, output projection,
 // cross-entropy. Seeded and deterministic; prints the loss as it goes and ends with the accuracy
 // on held-out sequences (drawn from a generator the training never touches).
-//   usage: train_retrieval [steps]
+//   usage: train_retrieval [steps] [composed|fused]   (the attention kernel; composed by default)
 #include "models/retrieval.hpp"
 
 #include <fmt/format.h>
@@ -16,7 +16,13 @@ int main(int argc, char** argv) {
     try {
         const std::size_t steps = argc > 1 ? std::stoul(argv[1]) : 1000;
         const std::size_t batch_size = 64;
-        const RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
+        RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
+        const std::string kernel = argc > 2 ? argv[2] : "composed";
+        if (kernel != "composed" && kernel != "fused") {
+            fmt::print(stderr, "train_retrieval: kernel must be 'composed' or 'fused', not '{}'\n", kernel);
+            return EXIT_FAILURE;
+        }
+        config.kernel = kernel == "fused" ? AttentionKernel::fused : AttentionKernel::composed;
         const auto start = std::chrono::steady_clock::now();
 
         RetrievalTrainer trainer(config, AdamSettings{.learning_rate = 1e-2});
@@ -24,9 +30,9 @@ int main(int argc, char** argv) {
         std::mt19937_64 held_out_data(11);  // disjoint stream: held-out sequences
         const RetrievalBatch held_out = make_retrieval_batch(config, 2000, held_out_data);
 
-        fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}\n",
+        fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}, {} kernel\n",
                    config.pairs, config.keys, config.values, 100.0 / static_cast<double>(config.values), config.width,
-                   config.heads, batch_size);
+                   config.heads, batch_size, kernel);
         double running = 0;
         const double peak_rate = trainer.optimizer().learning_rate();
         for (std::size_t step = 1; step <= steps; ++step) {

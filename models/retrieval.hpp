@@ -42,6 +42,7 @@ struct RetrievalConfig {
     std::size_t width = 32;   // model width D
     std::size_t heads = 4;
     std::uint64_t seed = 1;   // parameter initialisation
+    AttentionKernel kernel = AttentionKernel::composed;  // or fused (ops/fused_attention.hpp)
 
     std::size_t length() const { return pairs + 1; }
     std::size_t vocabulary() const { return keys + values + 1; }  // keys, values, the ask token
@@ -165,8 +166,9 @@ Var<T> retrieval_logits(const RetrievalVars<T>& p, const RetrievalBatch& batch, 
 }
 
 template <Scalar T>
-Var<T> retrieval_loss(const RetrievalVars<T>& p, const RetrievalBatch& batch, std::size_t heads) {
-    return cross_entropy(retrieval_logits(p, batch, heads), std::span<const std::size_t>(batch.targets));
+Var<T> retrieval_loss(const RetrievalVars<T>& p, const RetrievalBatch& batch, std::size_t heads,
+                      AttentionKernel kernel = AttentionKernel::composed) {
+    return cross_entropy(retrieval_logits(p, batch, heads, kernel), std::span<const std::size_t>(batch.targets));
 }
 
 // Fraction of rows whose largest logit is the target.
@@ -189,7 +191,7 @@ public:
     // One Adam step on `batch`; returns the loss before the step.
     double step(const RetrievalBatch& batch) {
         const RetrievalVars<double> vars = record_parameters();
-        const Var<double> J = retrieval_loss(vars, batch, config_.heads);
+        const Var<double> J = retrieval_loss(vars, batch, config_.heads, config_.kernel);
         tape_.backward(J);
         const double loss = J.value().item();
         const std::array<const Tensor<double>*, 7> gradients{&vars.E.grad(),   &vars.P.grad(),   &vars.W_Q.grad(),
@@ -203,7 +205,7 @@ public:
     // Loss and accuracy on `batch`, without updating anything.
     std::pair<double, double> evaluate(const RetrievalBatch& batch) {
         const RetrievalVars<double> vars = record_parameters();
-        const Var<double> logits = retrieval_logits(vars, batch, config_.heads);
+        const Var<double> logits = retrieval_logits(vars, batch, config_.heads, config_.kernel);
         const Var<double> J = cross_entropy(logits, std::span<const std::size_t>(batch.targets));
         return {J.value().item(), accuracy_of(logits.value(), batch.targets)};
     }

@@ -441,36 +441,19 @@ BOOST_AUTO_TEST_CASE(multihead_model_switches_to_the_fused_kernel) {
     multihead_switch<mp50>(true, 2, 1e-40);
 }
 
-// The training example (examples/train_retrieval.cpp: models/retrieval.hpp with Adam) gives the
-// same losses with either kernel. RetrievalTrainer always uses the composed kernel, so its step is
-// repeated here with retrieval_logits' kernel argument: same data stream (seed 2026), same Adam
-// settings, same initial parameters. The bound is 1e-9: the kernels' roundings differ by
-// ~1e-16 per value and Adam's normalised steps of 1e-2 carry such differences along without
-// amplifying them to anywhere near 1e-9 in 30 steps.
+// The training example (examples/train_retrieval.cpp: RetrievalTrainer, Adam) gives the same
+// losses with either kernel: same data stream (seed 2026), same Adam settings, same initial
+// parameters. The bound is 1e-9: the kernels' roundings differ by ~1e-16 per value and
+// Adam's normalised steps of 1e-2 carry such differences along without amplifying them to
+// anywhere near 1e-9 in 30 steps.
 std::vector<double> retrieval_training_losses(AttentionKernel kernel, std::size_t steps) {
-    const RetrievalConfig config{};
-    RetrievalParameters parameters = RetrievalParameters::initial(config);
-    AdamSettings settings;
-    settings.learning_rate = 1e-2;
-    Adam adam(settings);
+    RetrievalConfig config{};
+    config.kernel = kernel;
+    RetrievalTrainer trainer(config, AdamSettings{.learning_rate = 1e-2});
     std::mt19937_64 training_data(2026);
-    Tape<double> tape;
     std::vector<double> losses;
     for (std::size_t step = 0; step < steps; ++step) {
-        tape.clear();
-        const RetrievalVars<double> vars{tape.leaf(parameters.E),   tape.leaf(parameters.P),   tape.leaf(parameters.W_Q),
-                                         tape.leaf(parameters.W_K), tape.leaf(parameters.W_V), tape.leaf(parameters.W_O),
-                                         tape.leaf(parameters.W_U)};
-        const RetrievalBatch batch = make_retrieval_batch(config, 16, training_data);
-        const Var<double> J = cross_entropy(retrieval_logits(vars, batch, config.heads, kernel),
-                                            std::span<const std::size_t>(batch.targets));
-        tape.backward(J);
-        losses.push_back(J.value().item());
-        const std::array<const Tensor<double>*, 7> gradients{&vars.E.grad(),   &vars.P.grad(),   &vars.W_Q.grad(),
-                                                             &vars.W_K.grad(), &vars.W_V.grad(), &vars.W_O.grad(),
-                                                             &vars.W_U.grad()};
-        std::array<Tensor<double>*, 7> updated = parameters.all();
-        adam.step(updated, gradients);
+        losses.push_back(trainer.step(make_retrieval_batch(config, 16, training_data)));
     }
     return losses;
 }
