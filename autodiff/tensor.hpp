@@ -81,7 +81,8 @@ public:
     std::string to_string() const {
         std::string text = "[";
         for (std::size_t axis = 0; axis < rank_; ++axis) {
-            text += (axis ? "x" : "") + std::to_string(dims_[axis]);
+            if (axis) text += 'x';
+            text += std::to_string(dims_[axis]);
         }
         return text + "]";
     }

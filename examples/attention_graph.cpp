@@ -3,11 +3,6 @@
 // renders it to attention.svg; otherwise prints the command to render it elsewhere.
 //
 //     ./build/examples/attention_graph [output-directory]
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #include "autodiff/graphviz.hpp"
 #include "tapegrad.hpp"
 

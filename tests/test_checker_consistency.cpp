@@ -5,11 +5,6 @@
 //   * a forward that throws in both                 -> the checker rethrows the error
 //   * a VJP that changes between two backward runs  -> "backward run twice gave different gradients"
 //   * a VJP that is not linear in G (non-zero at G = 0) -> "a zero upstream gradient gave a non-zero gradient"
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE checker_consistency
 #include "support.hpp"
 

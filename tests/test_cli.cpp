@@ -2,11 +2,6 @@
 // outputs are compared with the same graph computed here through the library, --check must pass
 // on correct inputs, and every bad input must give a one-line error, a non-zero exit, and no
 // output files at all.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE cli
 #include "support.hpp"
 

@@ -1,11 +1,6 @@
 // Bad input and misuse raise a tapegrad::error subclass whose message names the op (or function)
 // and the shapes or values at fault; never a crash, an out-of-bounds read or a silent NaN.
 // One table row per misuse: what is done, the exception type, and words the message must hold.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE errors
 #include "support.hpp"
 

@@ -1,10 +1,5 @@
 // The fmt formatter for tensors and shapes: nesting at every rank, the precision option, and
 // round-trip printing for float, double, long double and the 50-digit type.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE format
 #include "support.hpp"
 

@@ -1,11 +1,6 @@
 // DOT export of a tape: one node per recorded value with its op and shape, leaves and constants
 // marked, one edge per op input; the attention graph's structure read back from the text; and,
 // when Graphviz's `dot` is installed, the text must render to SVG.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE graphviz
 #include "support.hpp"
 

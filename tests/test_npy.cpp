@@ -1,11 +1,6 @@
 // .npy interchange: exact round trips for float64 and float32 at every rank, the exact bytes
 // NumPy writes, and a corpus of malformed files (written by this test) that must each raise
 // io_error with a message naming the file and the fault, never crash or read out of bounds.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE npy
 #include "support.hpp"
 

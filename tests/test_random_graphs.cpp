@@ -7,11 +7,6 @@
 //     TAPEGRAD_RANDOM_GRAPHS=5000 TAPEGRAD_RANDOM_SEED=1 ./build/tests/test_random_graphs
 // A failing graph is printed as its recipe ("n3 = matmul(x0, n2) [2x4]; ...") with its seed,
 // so it can be replayed alone with TAPEGRAD_RANDOM_GRAPHS=1 TAPEGRAD_RANDOM_SEED=<seed>.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #define BOOST_TEST_MODULE random_graphs
 #include "support.hpp"
 

@@ -3,11 +3,6 @@
 // Everything is computed (and checked, with --check) before any output is written; outputs go
 // to temporary files that are renamed into place only when all of them were written, so an
 // error never leaves partial outputs behind. Every error is one line on stderr and an exit code.
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12 at -O3 reports a false -Wrestrict (GCC bug 105329) inside Shape::to_string
-// (autodiff/tensor.hpp) wherever it inlines it; the warning is emitted at that header's line.
-#pragma GCC diagnostic ignored "-Wrestrict"
-#endif
 #include "autodiff/npy.hpp"
 #include "tapegrad.hpp"
 
