@@ -64,11 +64,11 @@ BOOST_AUTO_TEST_CASE(non_finite_or_empty_leaves_and_non_scalar_graphs_are_refuse
 }
 
 BOOST_AUTO_TEST_CASE(fast_mode_checks_a_larger_attention_graph) {
-    // T = 32, D = 16, d = 8, r = 12: 896 coordinates; fast mode compares 3 random directions.
+    // T = 32, D = 16, d = 8, r = 12: 896 coordinates; fast mode compares 3 random unit directions,
+    // and 3 more for each of X's three branches.
     std::mt19937_64 rng(21);
     CheckOptions options;
     options.mode = CheckOptions::Mode::fast;
-    options.check_branches = false;
     const CheckReport report = check_gradients(
         [](auto in) {
             auto [X, W_Q, W_K, W_V] = in;
@@ -84,4 +84,6 @@ BOOST_AUTO_TEST_CASE(fast_mode_checks_a_larger_attention_graph) {
     BOOST_TEST(report.mode == "fast");
     BOOST_TEST(report.coordinates == 3u);
     BOOST_TEST(report.max_error_mp <= 1e-25);
+    BOOST_TEST(report.branches.size() == 3u);
+    BOOST_TEST(report.failed_branches().empty());
 }
