@@ -9,6 +9,7 @@
 #include "support.hpp"
 
 using namespace tapegrad;
+using tapegrad::testing::scalar_of;
 
 namespace {
 
@@ -87,9 +88,6 @@ struct MatMulWithoutTransposeInDA : MatMul {
                       grad.data().data(), false);
     }
 };
-
-template <class V>
-using scalar_of = typename std::decay_t<V>::scalar_type;
 
 // Attention assembled from interchangeable pieces, so one piece at a time can be broken.
 template <class SoftmaxOp = Softmax, class ScaleOp = Scale, class KeyProjection = MatMul>

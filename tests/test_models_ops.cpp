@@ -10,16 +10,12 @@
 
 using namespace tapegrad;
 using tapegrad::testing::check_op;
+using tapegrad::testing::OpCase;
+using tapegrad::testing::OpDims;
+using tapegrad::testing::scalar_of;
 using tapegrad::testing::random_tensor;
 
 namespace {
-
-struct Dims {
-    std::size_t batch, m, k, n;
-};
-
-template <class V>
-using scalar_of = typename std::decay_t<V>::scalar_type;
 
 // Indices with repeats: n + 2 picks from `rows` rows, so at least two rows are picked twice.
 std::vector<std::size_t> repeated_indices(std::size_t rows, std::size_t n) {
@@ -42,32 +38,19 @@ V seeded_dropout(const V& X, double p) {
     return dropout(X, p, generator);
 }
 
-struct OpCase {
-    std::string name;
-    std::function<CheckReport(const Dims&, std::mt19937_64&)> check;
-};
-
 const std::vector<OpCase> op_table = {
-    {"dropout p=0.3", [](const Dims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.3); }, rng, Shape{d.batch, d.m, d.n}); }},
-    {"dropout p=0", [](const Dims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.0); }, rng, Shape{d.m, d.n}); }},
-    {"embedding", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, d.m))); }, rng, Shape{d.k + 1, d.n}); }},
-    {"embedding batched", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, 2 * d.batch * d.m - 2)), d.batch); }, rng, Shape{d.k + 1, d.n}); }},
-    {"embedding rows of a batch", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.batch * d.m, d.k))); }, rng, Shape{d.batch, d.m, d.n}); }},
-    {"cross_entropy", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.m, d.n))); }, rng, Shape{d.m, d.n}); }},
-    {"cross_entropy batched", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.batch * d.m, d.n))); }, rng, Shape{d.batch, d.m, d.n}); }},
-    {"split_heads", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.batch, d.m, d.k * d.n}); }},
-    {"split_heads rank 2", [](const Dims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.m, d.k * d.n}); }},
-    {"merge_heads", [](const Dims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.batch, d.k, d.m, d.n}); }},
-    {"merge_heads rank 3", [](const Dims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.k, d.m, d.n}); }},
+    {"dropout p=0.3", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.3); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"dropout p=0", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return seeded_dropout(in[0], 0.0); }, rng, Shape{d.m, d.n}); }},
+    {"embedding", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, d.m))); }, rng, Shape{d.k + 1, d.n}); }},
+    {"embedding batched", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.k + 1, 2 * d.batch * d.m - 2)), d.batch); }, rng, Shape{d.k + 1, d.n}); }},
+    {"embedding rows of a batch", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return embedding(in[0], std::span<const std::size_t>(repeated_indices(d.batch * d.m, d.k))); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"cross_entropy", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.m, d.n))); }, rng, Shape{d.m, d.n}); }},
+    {"cross_entropy batched", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return cross_entropy(in[0], std::span<const std::size_t>(targets_for(d.batch * d.m, d.n))); }, rng, Shape{d.batch, d.m, d.n}); }},
+    {"split_heads", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.batch, d.m, d.k * d.n}); }},
+    {"split_heads rank 2", [](const OpDims& d, auto& rng) { return check_op([&d](auto in) { return split_heads(in[0], d.k); }, rng, Shape{d.m, d.k * d.n}); }},
+    {"merge_heads", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.batch, d.k, d.m, d.n}); }},
+    {"merge_heads rank 3", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.k, d.m, d.n}); }},
 };
-
-std::vector<Dims> shapes_to_try() {
-    std::vector<Dims> dims = {{1, 1, 1, 1}, {2, 1, 3, 2}, {3, 4, 2, 5}};
-    std::mt19937_64 rng(43);
-    std::uniform_int_distribution<std::size_t> size(1, 5);
-    for (int round = 0; round < 2; ++round) dims.push_back({size(rng), size(rng), size(rng), size(rng)});
-    return dims;
-}
 
 template <class Exception, class F>
 std::string message_of(F f) {
@@ -82,16 +65,7 @@ std::string message_of(F f) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_new_op_passes_the_50_digit_checker) {
-    std::mt19937_64 rng(8);
-    for (const OpCase& op : op_table) {
-        for (const Dims& d : shapes_to_try()) {
-            BOOST_TEST_CONTEXT(op.name << " batch=" << d.batch << " m=" << d.m << " k=" << d.k << " n=" << d.n) {
-                const CheckReport report = op.check(d, rng);
-                BOOST_TEST(report.passed, report.summary());
-                BOOST_TEST(report.max_error_mp <= 1e-25);
-            }
-        }
-    }
+    testing::check_op_table(op_table, 43, 5);
 }
 
 BOOST_AUTO_TEST_CASE(dropout_p_zero_is_the_identity_and_a_seed_fixes_the_mask) {
