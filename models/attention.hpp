@@ -22,20 +22,33 @@ struct AttentionResult {
     Var<T> O;        // output A·V
 };
 
-// Attention from given queries, keys and values: Q [T×d], K [T'×d], V [T'×r].
+namespace detail {
+
+template <Scalar T>
+void check_qkv(std::string_view where, const Var<T>& Q, const Var<T>& K, const Var<T>& V) {
+    checks::matrix(where, "Q", Q);
+    checks::matrix(where, "K", K);
+    checks::matrix(where, "V", V);
+    const Shape &q = Q.shape(), &k = K.shape(), &v = V.shape();
+    if (!q.same_batch(k) || !k.same_batch(v)) {
+        throw shape_error(fmt::format("{}: Q {}, K {} and V {} need the same leading dimensions", where, q.to_string(),
+                                      k.to_string(), v.to_string()));
+    }
+    if (q.cols() != k.cols()) {
+        throw shape_error(fmt::format("{}: queries and keys need one width d: Q is {}, K is {}", where, q.to_string(),
+                                      k.to_string()));
+    }
+    if (k.rows() != v.rows()) {
+        throw shape_error(fmt::format("{}: one value per key: K is {}, V is {}", where, k.to_string(), v.to_string()));
+    }
+}
+
+}  // namespace detail
+
+// Attention from given queries, keys and values: Q [..., T, d], K [..., T', d], V [..., T', r].
 template <Scalar T>
 AttentionResult<T> attention_from_qkv(const Var<T>& Q, const Var<T>& K, const Var<T>& V) {
-    checks::matrix("attention", "Q", Q);
-    checks::matrix("attention", "K", K);
-    checks::matrix("attention", "V", V);
-    if (Q.shape().cols() != K.shape().cols()) {
-        throw shape_error(fmt::format("attention: queries and keys need one width d: Q is {}, K is {}",
-                                      Q.shape().to_string(), K.shape().to_string()));
-    }
-    if (K.shape().rows() != V.shape().rows()) {
-        throw shape_error(fmt::format("attention: one value per key: K is {}, V is {}", K.shape().to_string(),
-                                      V.shape().to_string()));
-    }
+    detail::check_qkv("attention", Q, K, V);
     const std::size_t d = Q.shape().cols();
     const Var<T> S = scale(matmul(Q, transpose(K)), inv_sqrt<T>(d)).named("S");
     const Var<T> A = softmax(S).named("A");

@@ -10,6 +10,7 @@
 // masked_attention is the same computation with any 0/1 mask (padding, see models/masks.hpp).
 #pragma once
 
+#include "models/attention.hpp"
 #include "models/masks.hpp"
 #include "ops/dropout.hpp"
 #include "ops/mask.hpp"
@@ -40,29 +41,6 @@ struct CausalAttentionResult {
     Var<T> S;  // scaled scores Q·Kᵀ/√d before masking
     Var<T> A_dropped;  // the weights actually applied to V (A itself without dropout)
 };
-
-namespace detail {
-
-template <Scalar T>
-void check_qkv(std::string_view where, const Var<T>& Q, const Var<T>& K, const Var<T>& V) {
-    checks::matrix(where, "Q", Q);
-    checks::matrix(where, "K", K);
-    checks::matrix(where, "V", V);
-    const Shape &q = Q.shape(), &k = K.shape(), &v = V.shape();
-    if (!q.same_batch(k) || !k.same_batch(v)) {
-        throw shape_error(fmt::format("{}: Q {}, K {} and V {} need the same leading dimensions", where, q.to_string(),
-                                      k.to_string(), v.to_string()));
-    }
-    if (q.cols() != k.cols()) {
-        throw shape_error(fmt::format("{}: queries and keys need one width d: Q is {}, K is {}", where, q.to_string(),
-                                      k.to_string()));
-    }
-    if (k.rows() != v.rows()) {
-        throw shape_error(fmt::format("{}: one value per key: K is {}, V is {}", where, k.to_string(), v.to_string()));
-    }
-}
-
-}  // namespace detail
 
 // Attention with an explicit 0/1 mask M ([Tq × Tk] shared by the batch, or one per matrix of S).
 template <Scalar T>
