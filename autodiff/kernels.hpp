@@ -1,19 +1,36 @@
 // Dense kernels shared by the ops: matrix products in the three forms the matmul VJPs need
 // (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to Eigen's GEMM
 // (blocked and vectorised, well kept, far faster than a loop we would write); any other scalar
-// (the 50-digit reference type) takes a plain loop ordered for contiguous access.
+// (the 50-digit reference type) takes a plain loop ordered for contiguous access. A large
+// float/double product is split by rows of C over gemm_threads() threads (both cores here).
 #pragma once
 
 #include "autodiff/tensor.hpp"
 
 #include <Eigen/Core>
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
+#include <thread>
 #include <type_traits>
+#include <vector>
 
 namespace tapegrad::kernels {
 
 enum class Form { ab, abT, aTb };
+
+// Threads a float/double product may use; 0 (the default) means every core. Results do not depend
+// on it beyond the last bits Eigen's blocking may round differently.
+inline std::atomic<unsigned>& gemm_threads() {
+    static std::atomic<unsigned> threads{0};
+    return threads;
+}
+
+// Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
+// thread: starting a thread costs tens of microseconds. Each thread gets at least 64 rows of C.
+inline constexpr std::size_t parallel_madds = std::size_t{1} << 23;
+inline constexpr std::size_t rows_per_thread = 64;
 
 // C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
 // ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
@@ -22,20 +39,40 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
     if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
         using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
         using ConstMap = Eigen::Map<const Matrix>;
-        Eigen::Map<Matrix> c(C, Eigen::Index(m), Eigen::Index(n));
-        const auto product = [&](const auto& expression) {
-            if (accumulate) {
-                c.noalias() += expression;
-            } else {
-                c.noalias() = expression;
+        const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
+        Eigen::Map<Matrix> c(C, mi, ni);
+        // Rows [first, first + rows) of C: each thread writes its own rows.
+        const auto rows_of_product = [&](Eigen::Index first, Eigen::Index rows) {
+            auto c_rows = c.middleRows(first, rows);
+            const auto product = [&](const auto& expression) {
+                if (accumulate) {
+                    c_rows.noalias() += expression;
+                } else {
+                    c_rows.noalias() = expression;
+                }
+            };
+            switch (form) {
+                case Form::ab: product(ConstMap(A, mi, ki).middleRows(first, rows) * ConstMap(B, ki, ni)); break;
+                case Form::abT: product(ConstMap(A, mi, ki).middleRows(first, rows) * ConstMap(B, ni, ki).transpose()); break;
+                case Form::aTb: product(ConstMap(A, ki, mi).middleCols(first, rows).transpose() * ConstMap(B, ki, ni)); break;
             }
         };
-        const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
-        switch (form) {
-            case Form::ab: product(ConstMap(A, mi, ki) * ConstMap(B, ki, ni)); break;
-            case Form::abT: product(ConstMap(A, mi, ki) * ConstMap(B, ni, ki).transpose()); break;
-            case Form::aTb: product(ConstMap(A, ki, mi).transpose() * ConstMap(B, ki, ni)); break;
+        const unsigned wanted = gemm_threads().load() == 0 ? std::max(1u, std::thread::hardware_concurrency())
+                                                           : gemm_threads().load();
+        const std::size_t workers =
+            m * n * k < parallel_madds ? 1 : std::min<std::size_t>(wanted, std::max<std::size_t>(1, m / rows_per_thread));
+        if (workers <= 1) {
+            rows_of_product(0, mi);
+            return;
         }
+        const std::size_t block = (m + workers - 1) / workers;
+        std::vector<std::jthread> helpers;
+        for (std::size_t w = 1; w < workers; ++w) {
+            const std::size_t first = w * block;
+            if (first >= m) break;
+            helpers.emplace_back([&, first] { rows_of_product(Eigen::Index(first), Eigen::Index(std::min(block, m - first))); });
+        }
+        rows_of_product(0, Eigen::Index(std::min(block, m)));
     } else {
         if (!accumulate) {
             for (std::size_t x = 0; x < m * n; ++x) C[x] = T(0);

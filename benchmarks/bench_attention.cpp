@@ -58,12 +58,17 @@ Tensor<double> random_tensor(const Shape& shape, std::mt19937_64& rng) {
 
 // How many calls of `work` fill about `target_seconds`: batches that long make the clock's
 // resolution and the loop around them negligible even for the 2-position graph (about 1 µs).
-std::size_t calibrate(const std::function<void()>& work, double target_seconds) {
+// Wall-clock seconds, for the runs that use several threads.
+double wall_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+using ClockFunction = double (*)();
+
+std::size_t calibrate(const std::function<void()>& work, double target_seconds, ClockFunction now) {
     std::size_t iterations = 1;
     for (;;) {
-        const double start = thread_seconds();
+        const double start = now();
         for (std::size_t i = 0; i < iterations; ++i) work();
-        const double elapsed = thread_seconds() - start;
+        const double elapsed = now() - start;
         if (elapsed >= target_seconds / 4 || iterations >= (std::size_t{1} << 24)) {
             return std::max<std::size_t>(1, static_cast<std::size_t>(iterations * target_seconds / std::max(elapsed, 1e-9)));
         }
@@ -73,15 +78,15 @@ std::size_t calibrate(const std::function<void()>& work, double target_seconds) 
 
 // Median time per call, in µs, of each of `contenders`, measured in alternating batches.
 std::vector<double> alternate(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
-                              double batch_seconds) {
+                              double batch_seconds, ClockFunction now = thread_seconds) {
     std::vector<std::size_t> iterations;
-    for (const auto& work : contenders) iterations.push_back(calibrate(work, batch_seconds));
+    for (const auto& work : contenders) iterations.push_back(calibrate(work, batch_seconds, now));
     std::vector<std::vector<double>> samples(contenders.size());
     for (std::size_t round = 0; round < rounds; ++round) {
         for (std::size_t c = 0; c < contenders.size(); ++c) {
-            const double start = thread_seconds();
+            const double start = now();
             for (std::size_t i = 0; i < iterations[c]; ++i) contenders[c]();
-            samples[c].push_back((thread_seconds() - start) * 1e6 / static_cast<double>(iterations[c]));
+            samples[c].push_back((now() - start) * 1e6 / static_cast<double>(iterations[c]));
         }
     }
     std::vector<double> medians;
@@ -168,7 +173,14 @@ private:
 };
 #endif
 
-void bench_attention(std::size_t T, std::size_t D, std::size_t d, std::mt19937_64& rng) {
+// threads = 1: both on this thread, timed by its CPU clock. threads > 1: tapegrad's products and
+// LibTorch's intra-op pool both get that many threads, timed by the wall clock.
+void bench_attention(std::size_t T, std::size_t D, std::size_t d, std::mt19937_64& rng, unsigned threads = 1) {
+    kernels::gemm_threads() = threads;
+#ifdef TAPEGRAD_HAVE_TORCH
+    torch::set_num_threads(static_cast<int>(threads));
+#endif
+    const ClockFunction now = threads == 1 ? thread_seconds : wall_seconds;
     const AttentionInputs inputs = make_inputs(T, D, d, rng);
     TapegradAttention ours(inputs);
     // Big graphs take milliseconds per call: fewer, shorter rounds keep the whole run short.
@@ -176,7 +188,7 @@ void bench_attention(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
     const double batch = T >= 1024 ? 0.03 : 0.02;
 #ifdef TAPEGRAD_HAVE_TORCH
     TorchAttention theirs(inputs, d);
-    const std::vector<double> us = alternate({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch);
+    const std::vector<double> us = alternate({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
     // Same graph, same numbers: the gradients must agree to double rounding.
     const Tensor<double> reference = theirs.grad_W_Q();
     double worst = 0;
@@ -184,13 +196,18 @@ void bench_attention(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
         worst = std::max(worst, std::abs(reference[k] - ours.grad_W_Q()[k]) / std::max(1.0, std::abs(reference[k])));
     }
     if (worst > 1e-9) fmt::print("WARNING: dW_Q differs from LibTorch's by {:.3g} at T={}\n", worst, T);
-    fmt::print("attention T={} D={} d={} threads=1 tapegrad_us={:.3f} libtorch_us={:.3f} ratio={:.4f}\n", T, D, d, us[0],
-               us[1], us[0] / us[1]);
+    fmt::print("attention T={} D={} d={} threads={} tapegrad_us={:.3f} libtorch_us={:.3f} ratio={:.4f}\n", T, D, d,
+               threads, us[0], us[1], us[0] / us[1]);
 #else
-    const std::vector<double> us = alternate({[&] { ours.run(); }}, rounds, batch);
-    fmt::print("attention T={} D={} d={} threads=1 tapegrad_us={:.3f} libtorch_us=NA ratio=NA\n", T, D, d, us[0]);
+    const std::vector<double> us = alternate({[&] { ours.run(); }}, rounds, batch, now);
+    fmt::print("attention T={} D={} d={} threads={} tapegrad_us={:.3f} libtorch_us=NA ratio=NA\n", T, D, d, threads,
+               us[0]);
 #endif
-    if (T >= 1024) fmt::print("tape_bytes T={} D={} d={} bytes={}\n", T, D, d, ours.bytes_held());
+    kernels::gemm_threads() = 1;
+#ifdef TAPEGRAD_HAVE_TORCH
+    torch::set_num_threads(1);
+#endif
+    if (T >= 1024 && threads == 1) fmt::print("tape_bytes T={} D={} d={} bytes={}\n", T, D, d, ours.bytes_held());
 }
 
 // A long chain of scales of a one-element tensor: the work per node is one multiply, so the
@@ -304,10 +321,12 @@ int main(int argc, char** argv) {
     fmt::print("environment cores={} OPENBLAS_CORETYPE={} libtorch_threads={} eigen_simd={}\n", cores,
                coretype ? coretype : "unset", torch_threads, Eigen::SimdInstructionSetsInUse());
 
+    kernels::gemm_threads() = 1;  // one thread unless a line says otherwise
     std::mt19937_64 rng(20261129);
     if (wanted("attention")) {
         bench_attention(2, 2, 2, rng);
         for (const std::size_t T : {64, 256, 1024}) bench_attention(T, 64, 64, rng);
+        if (cores > 1) bench_attention(1024, 64, 64, rng, 2);
     }
     if (wanted("overhead")) bench_tape_overhead();
     if (wanted("matmul")) bench_matmul(1024, rng);
