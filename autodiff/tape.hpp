@@ -63,6 +63,13 @@ struct OpKind {
     // rounding in the last digit (see MatMul::update).
     bool (*update)(Inputs<T> before, Inputs<T> after, const OpAttrs<T>& attrs, const Tensor<T>& out_before,
                    Tensor<T>& out);
+    // Optional (nullptr when the op has none): all inputs' VJP contributions in one call, for ops
+    // whose per-input VJPs share most of their work (fused attention recomputes its weights once
+    // instead of once per input). grads[k] is nullptr when input k needs no gradient, else a
+    // tensor already shaped like input k into which the op writes its contribution. When present,
+    // backward calls it instead of `vjp`; the results must equal `vjp`'s.
+    void (*vjp_all)(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
+                    const Tensor<T>& dout, std::span<Tensor<T>* const> grads);
 };
 
 namespace detail {
@@ -76,6 +83,21 @@ constexpr auto update_of() {
                          Tensor<T>& out) { return Op::template update<T>(before, after, attrs, out_before, out); }};
     } else {
         return Update{nullptr};
+    }
+}
+
+template <class Op, Scalar T>
+constexpr auto vjp_all_of() {
+    using VjpAll = void (*)(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,
+                            std::span<Tensor<T>* const>);
+    if constexpr (requires(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& t,
+                           std::span<Tensor<T>* const> grads) { Op::template vjp_all<T>(in, attrs, t, t, t, grads); }) {
+        return VjpAll{[](Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
+                         const Tensor<T>& dout, std::span<Tensor<T>* const> grads) {
+            Op::template vjp_all<T>(in, attrs, out, saved, dout, grads);
+        }};
+    } else {
+        return VjpAll{nullptr};
     }
 }
 }  // namespace detail
@@ -105,6 +127,7 @@ inline constexpr OpKind<T> op_kind_of{
         }
     },
     detail::update_of<Op, T>(),
+    detail::vjp_all_of<Op, T>(),
 };
 
 // A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
@@ -438,6 +461,35 @@ private:
             std::array<const Tensor<T>*, max_arity> values{};
             gather_inputs(node, values);
             const Inputs<T> in(values.data(), node.arity);
+            if (node.kind->vjp_all != nullptr) {
+                // One call for all inputs. As in the per-input path, an input's first contribution
+                // is written straight into its own gradient buffer; later ones (and a second slot
+                // fed by the same input) go to per-input scratch tensors, kept across calls so a
+                // reused tape allocates nothing. Each contribution then goes through accumulate
+                // like a per-input VJP's.
+                std::array<Tensor<T>*, max_arity> grads{};
+                bool any = false;
+                for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+                    Node& input = nodes_[node.inputs[slot]];
+                    if (!input.requires_grad) continue;  // nobody needs this VJP
+                    bool first = !input.has_grad;
+                    for (std::uint32_t earlier = 0; earlier < slot; ++earlier) {
+                        first = first && node.inputs[earlier] != node.inputs[slot];
+                    }
+                    Tensor<T>& din = first ? input.grad : all_scratch_[slot];
+                    din.resize(input.value.shape());
+                    grads[slot] = &din;
+                    any = true;
+                }
+                if (!any) continue;
+                node.kind->vjp_all(in, node.attrs, node.value, node.saved, node.grad,
+                                   std::span<Tensor<T>* const>(grads.data(), node.arity));
+                for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+                    if (grads[slot] == nullptr) continue;
+                    accumulate(node.inputs[slot], static_cast<std::uint32_t>(i), slot, *grads[slot]);
+                }
+                continue;
+            }
             for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
                 const std::uint32_t target = node.inputs[slot];
                 if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
@@ -552,6 +604,7 @@ private:
     bool log_branches_ = false;
     std::vector<Branch<T>> branches_;
     Tensor<T> scratch_;
+    std::array<Tensor<T>, max_arity> all_scratch_;  // per-input contributions of a vjp_all
 };
 
 }  // namespace tapegrad

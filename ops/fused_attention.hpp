@@ -22,10 +22,13 @@
 //   dS = P ∘ (dP − D)            softmax's VJP, ∂P_ij/∂S_ik = P_ij(δ_jk − P_ik) (see ops/softmax.hpp);
 //                                hidden positions have P = 0, so they get no gradient (ops/mask.hpp).
 //   dQ = c·dS·K, dK = c·dSᵀ·Q    from S_ij = c·Σ_a Q_ia K_ja (ops/matmul.hpp, ops/scale.hpp).
-// The tape asks for one input's VJP at a time, so each is its own tiled pass: dQ over query tiles
-// (3 tile products each: S, dP, dS·K), dK over key tiles (S, dP, dSᵀ·Q), dV over key tiles
-// (S, Pᵀ·dO). Each pass writes disjoint rows of its gradient, so tiles go to threads with no
-// locking and the result does not depend on the thread count.
+// The tape calls vjp_all, one pass over key tiles that recomputes S and P once and forms dV, dP,
+// dS, dK and dQ from them: 5 tile products per tile pair (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K), 7 with the
+// forward's 2 (three separate passes needed 8 in the backward). Each key tile's dK, dV rows are
+// its own; dQ rows are summed over key tiles in key-tile order under a per-query-tile ticket, so
+// the result does not depend on the thread count. `vjp` keeps the per-input passes (dQ over
+// query tiles: S, dP, dS·K; dK over key tiles: S, dP, dSᵀ·Q; dV: S, Pᵀ·dO) for callers that want
+// one gradient; both give the same gradients to rounding.
 //
 // Tiles: 128 query rows × 128 keys by default: with d = r = 64 in double, Q_i, K_j, V_j, dO_i and
 // the accumulator are 64 KiB each and S, dP 128 KiB each, about 0.6 MiB per thread, inside one
@@ -51,6 +54,7 @@
 #include <exception>
 #include <limits>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -390,12 +394,86 @@ struct FusedAttentionOp {
         });
     }
 
-    // Tile products as counted above (a causal call does about half of this work).
+    // All requested gradients in one pass (the tape's path): per key tile K_j, V_j (one item), over
+    // the query tiles that see it: P = exp(S − L), dV_j += Pᵀ·dO_i, dP = dO_i·V_jᵀ,
+    // dS = c·P ∘ (dP − D), dK_j += dSᵀ·Q_i, dQ_i += dS·K_j. dK_j and dV_j belong to the item; dQ_i
+    // receives every key tile's term, added strictly in key-tile order (a ticket per query tile),
+    // so the sums are those of a single thread whatever the thread count, and no two threads add
+    // into one dQ tile at once. Key tiles are handed out in order and every query tile is reached
+    // by a prefix of the key tiles, so the lowest unfinished item never waits: no deadlock.
+    template <Scalar T>
+    static void vjp_all(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& O, const Tensor<T>& saved,
+                        const Tensor<T>& G, std::span<Tensor<T>* const> grads) {
+        const fused_detail::Dims<T> dims(in, attrs);
+        Tensor<T>* const dQ = grads[0];
+        Tensor<T>* const dK = grads[1];
+        Tensor<T>* const dV = grads[2];
+        if (dQ == nullptr && dK == nullptr && dV == nullptr) return;
+        const bool need_dS = dQ != nullptr || dK != nullptr;
+        std::vector<T> D(need_dS ? dims.batch * dims.Tq : 0);
+        for (std::size_t row = 0; row < D.size(); ++row) {  // D_i = rowsum(dO_i ∘ O_i), as in vjp
+            T dot(0);
+            for (std::size_t k = 0; k < dims.r; ++k) dot += G[row * dims.r + k] * O[row * dims.r + k];
+            D[row] = dot;
+        }
+        if (dQ != nullptr) dQ->fill(T(0));
+        const auto head = [&](std::size_t input, std::size_t b) {
+            const Tensor<T>& x = *in[input];
+            return x.data().data() + b * x.rows() * x.cols();
+        };
+        const std::size_t tiles = dims.key_tiles(), query_tiles = dims.query_tiles();
+        // ticket[b·query_tiles + it]: the key tile whose dQ term query tile it takes next.
+        std::vector<std::atomic<std::size_t>> ticket(dQ != nullptr ? dims.batch * query_tiles : 0);
+        std::atomic<bool> failed{false};
+        fused_detail::parallel_for(dims.batch * tiles, dims.threads(), [&](std::size_t item) {
+            try {
+                const std::size_t b = item / tiles, jt = item % tiles, j0 = jt * dims.tile_k;
+                const std::size_t bk = std::min(dims.tile_k, dims.Tk - j0);
+                T* const dK_j = dK ? dK->data().data() + b * dims.Tk * dims.d + j0 * dims.d : nullptr;
+                T* const dV_j = dV ? dV->data().data() + b * dims.Tk * dims.r + j0 * dims.r : nullptr;
+                if (dK_j) std::fill(dK_j, dK_j + bk * dims.d, T(0));
+                if (dV_j) std::fill(dV_j, dV_j + bk * dims.r, T(0));
+                std::vector<T> P, dP;
+                std::vector<std::size_t> seen;
+                const T* const Gb = G.data().data() + b * dims.Tq * dims.r;
+                const std::size_t first_row = dims.causal ? (j0 > dims.offset ? j0 - dims.offset : 0) : 0;
+                for (std::size_t i0 = first_row / dims.tile_q * dims.tile_q; i0 < dims.Tq; i0 += dims.tile_q) {
+                    const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
+                    fused_detail::probabilities(dims, head(0, b), head(1, b), saved.data().data() + b * dims.Tq, i0,
+                                                bq, j0, bk, P, seen);
+                    if (dV_j) kernels::gemm(kernels::Form::aTb, bk, dims.r, bq, P.data(), Gb + i0 * dims.r, dV_j, true);
+                    if (!need_dS) continue;
+                    fused_detail::score_gradient<Policy>(dims, Gb, head(2, b), D.data() + b * dims.Tq, i0, bq, j0, bk,
+                                                         P, dP);
+                    if (dK_j) {
+                        kernels::gemm(kernels::Form::aTb, bk, dims.d, bq, P.data(), head(0, b) + i0 * dims.d, dK_j,
+                                      true);
+                    }
+                    if (dQ) {
+                        std::atomic<std::size_t>& turn = ticket[b * query_tiles + i0 / dims.tile_q];
+                        while (turn.load(std::memory_order_acquire) != jt) {
+                            if (failed.load()) return;  // another item threw; its error is rethrown
+                            std::this_thread::yield();
+                        }
+                        kernels::gemm(kernels::Form::ab, bq, dims.d, bk, P.data(), head(1, b) + j0 * dims.d,
+                                      dQ->data().data() + b * dims.Tq * dims.d + i0 * dims.d, true);
+                        turn.store(jt + 1, std::memory_order_release);
+                    }
+                }
+            } catch (...) {
+                failed = true;
+                throw;
+            }
+        });
+    }
+
+    // Tile products of the tape's path (forward, and vjp_all's single backward pass: S, dP,
+    // Pᵀ·dO, dSᵀ·Q, dS·K). A causal call does about half of this work.
     template <Scalar T>
     static OpCost cost(Inputs<T> in, const OpAttrs<T>& attrs) {
         const fused_detail::Dims<T> dims(in, attrs);
         const std::uint64_t pairs = std::uint64_t(dims.batch) * dims.Tq * dims.Tk;
-        return {pairs * (dims.d + dims.r), pairs * (3 * dims.d + 2 * dims.r) + pairs * (2 * dims.d + dims.r)};
+        return {pairs * (dims.d + dims.r), pairs * (3 * dims.d + 2 * dims.r)};
     }
 };
 

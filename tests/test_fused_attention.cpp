@@ -3,8 +3,9 @@
 // and gradients against the composed graph, the spec's Examples 1 and 2 and its other checks that
 // apply, fault controls (a backward without the D term, one with a wrong log-sum-exp: both must be
 // rejected), the accuracy rule (fused error ≤ 2 × composed error against a 50-digit reference),
-// bad input, thread-count independence, and the models switching to the fused kernel (the
-// multi-head model, and the retrieval training of examples/train_retrieval.cpp).
+// bad input, thread-count independence, the one-pass backward against the per-input one, and the
+// models switching to the fused kernel (the multi-head model, and the retrieval training of
+// examples/train_retrieval.cpp).
 #define BOOST_TEST_MODULE fused_attention
 #include "support.hpp"
 
@@ -92,6 +93,20 @@ struct MaxInsteadOfLogSumExp : fused_detail::ExactBackward {
     template <Scalar T>
     static T log_sum_exp(const T& m, const T&) {
         return m;
+    }
+};
+
+// The op without vjp_all: the tape then calls the per-input vjp once per input (three passes).
+struct PerInputFusedAttention {
+    static constexpr std::string_view name = FusedAttention::name;
+    template <Scalar T>
+    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved) {
+        FusedAttention::forward<T>(in, attrs, out, saved);
+    }
+    template <Scalar T>
+    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
+                    const Tensor<T>& dout, std::size_t which, Tensor<T>& din) {
+        FusedAttention::vjp<T>(in, attrs, out, saved, dout, which, din);
     }
 };
 
@@ -281,6 +296,80 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_rejected) {
     BOOST_TEST(!wrong_lse.passed, "a backward with a wrong log-sum-exp was accepted: " << wrong_lse.summary());
     BOOST_TEST_MESSAGE("no D term: " << no_d.summary());
     BOOST_TEST_MESSAGE("wrong log-sum-exp: " << wrong_lse.summary());
+}
+
+// The tape takes the one-pass backward (vjp_all) of the op and of the fault controls (so the
+// faults above are in the path the tape uses), and the per-input path only for the wrapper.
+template <class Op>
+constexpr bool has_vjp_all = requires(Inputs<double> in, const OpAttrs<double>& attrs, const Tensor<double>& t,
+                                      std::span<Tensor<double>* const> grads) {
+    Op::template vjp_all<double>(in, attrs, t, t, t, grads);
+};
+static_assert(has_vjp_all<FusedAttention>);
+static_assert(has_vjp_all<FusedAttentionOp<NoDTerm>>);
+static_assert(has_vjp_all<FusedAttentionOp<MaxInsteadOfLogSumExp>>);
+static_assert(!has_vjp_all<PerInputFusedAttention>);
+
+// The one-pass backward (vjp_all) gives the per-input vjp's gradients: to 1e-12 in double and
+// 1e-40 in 50 digits (both sum the same terms in the same order, so they agree to rounding at
+// most), on every case of the table, with inputs that need no gradient (only some of dQ, dK, dV
+// requested), and on a size that crosses the default tiles with two threads.
+template <Scalar T>
+void one_pass_matches_per_input(const FusedCase& c, std::mt19937_64& rng, double tolerance) {
+    const Tensor<T> q = to<T>(random_tensor(c.q, rng)), k = to<T>(random_tensor(c.k, rng)),
+                    v = to<T>(random_tensor(c.v, rng));
+    for (unsigned need = 1; need < 8; ++need) {  // which of Q, K, V need a gradient
+        Tape<T> one, per;
+        const std::array<Var<T>, 3> a{one.leaf(q, "Q", (need & 1) != 0), one.leaf(k, "K", (need & 2) != 0),
+                                      one.leaf(v, "V", (need & 4) != 0)};
+        const std::array<Var<T>, 3> b{per.leaf(q, "Q", (need & 1) != 0), per.leaf(k, "K", (need & 2) != 0),
+                                      per.leaf(v, "V", (need & 4) != 0)};
+        const Var<T> O_one = record_fused_attention<FusedAttention>(a[0], a[1], a[2], c.causal, c.offset, c.tiles);
+        const Var<T> O_per =
+            record_fused_attention<PerInputFusedAttention>(b[0], b[1], b[2], c.causal, c.offset, c.tiles);
+        BOOST_TEST((O_one.value() == O_per.value()));
+        const Tensor<T> G = to<T>(random_tensor(O_one.shape(), rng));
+        one.backward(O_one, G);
+        per.backward(O_per, G);
+        for (std::size_t x = 0; x < 3; ++x) {
+            if ((need & (1u << x)) == 0) continue;
+            BOOST_TEST_CONTEXT("requested " << need << ", gradient of input " << x) {
+                BOOST_TEST(max_mixed_error(a[x].grad(), b[x].grad()) <= tolerance);
+            }
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(one_pass_backward_equals_per_input_backward) {
+    std::mt19937_64 rng(37);
+    for (const FusedCase& c : fused_table) {
+        BOOST_TEST_CONTEXT(c.name) {
+            one_pass_matches_per_input<double>(c, rng, 1e-12);
+            one_pass_matches_per_input<mp50>(c, rng, 1e-40);
+        }
+    }
+    const unsigned before = fused_attention_threads().load();
+    fused_attention_threads() = 2;
+    const std::vector<FusedCase> large = {
+        {"T=300, default tiles, causal", Shape{2, 300, 16}, Shape{2, 300, 16}, Shape{2, 300, 8}, true, 0, {}},
+        {"Tq=200, Tk=330, tiles 32x48", Shape{2, 200, 8}, Shape{2, 330, 8}, Shape{2, 330, 4}, false, 0, {32, 48}},
+        {"causal, offset 40, tiles 16x24", Shape{3, 100, 8}, Shape{3, 140, 8}, Shape{3, 140, 4}, true, 40, {16, 24}},
+    };
+    for (const FusedCase& c : large) {
+        BOOST_TEST_CONTEXT(c.name) { one_pass_matches_per_input<double>(c, rng, 1e-12); }
+    }
+    fused_attention_threads() = before;
+    // One leaf feeding Q, K and V: the tape sums the three contributions of one vjp_all call.
+    const Tensor<double> x = random_tensor(Shape{2, 7, 3}, rng);
+    Tape<double> one, per;
+    const Var<double> X1 = one.leaf(x), X2 = per.leaf(x);
+    const Var<double> O1 = record_fused_attention<FusedAttention>(X1, X1, X1, true, 0, FusedAttentionTiles{2, 3});
+    const Var<double> O2 =
+        record_fused_attention<PerInputFusedAttention>(X2, X2, X2, true, 0, FusedAttentionTiles{2, 3});
+    const Tensor<double> G = random_tensor(O1.shape(), rng);
+    one.backward(O1, G);
+    per.backward(O2, G);
+    BOOST_TEST(max_mixed_error(X1.grad(), X2.grad()) <= 1e-12);
 }
 
 // The accuracy rule: against a 50-digit reference (the composed graph on a 50-digit tape), the
