@@ -227,7 +227,8 @@ int main(int argc, char** argv) {
     fmt::print("# fused attention benchmark: D = d = r = {}, double, forward + backward, best of runs\n", d);
     for (const unsigned threads : thread_counts) {
         fused_attention_threads() = threads;
-        Eigen::setNbThreads(1);  // tapegrad's GEMMs are single-threaded; the fused op threads itself
+        Eigen::setNbThreads(1);           // Eigen's own threading stays off;
+        kernels::gemm_threads() = threads;  // tapegrad's products (composed graph) get the same threads
 #ifdef TAPEGRAD_HAVE_TORCH
         torch::set_num_threads(static_cast<int>(threads));
 #endif
