@@ -208,13 +208,13 @@ public:
     // by reference is copied into the node's reused buffer (no allocation once the tape has held
     // a graph of this size); a temporary is moved in.
     Var<T> leaf(const Tensor<T>& value, std::string_view label = {}, bool requires_grad = true) {
-        check_no_nan(value, "leaf", label);
+        check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
         Node& node = append_leaf(label, requires_grad);
         node.value = value;  // vector copy-assignment keeps the node's capacity
         return handle(used_ - 1);
     }
     Var<T> leaf(Tensor<T>&& value, std::string_view label = {}, bool requires_grad = true) {
-        check_no_nan(value, "leaf", label);
+        check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
         Node& node = append_leaf(label, requires_grad);
         node.value = std::move(value);
         return handle(used_ - 1);
@@ -580,6 +580,9 @@ private:
     }
 
     // `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
+    // What a NaN message calls a leaf created without a label.
+    static constexpr std::string_view unnamed_leaf = "an unnamed leaf";
+
     static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
         const std::span<const T> data = tensor.data();
         if constexpr (std::is_floating_point_v<T>) {

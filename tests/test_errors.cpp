@@ -52,7 +52,7 @@ const std::vector<Misuse> misuses = {
     {"attention widths", Kind::shape, on_tape([](auto& t, auto a, auto, auto) { attention(a, t.leaf(filled({3, 2})), t.leaf(filled({3, 4})), t.leaf(filled({3, 2}))); }), {"attention", "W_Q", "W_K", "[3x4]"}},
     {"attention rows", Kind::shape, on_tape([](auto& t, auto a, auto, auto) { attention(a, t.leaf(filled({4, 2})), t.leaf(filled({3, 2})), t.leaf(filled({3, 2}))); }), {"attention", "W_Q", "[4x2]", "[2x3]"}},
     // Values.
-    {"NaN leaf", Kind::value, on_tape([](auto& t, auto, auto, auto) { t.leaf(Tensor<double>::matrix({{1, nan}})); }), {"leaf", "NaN", "(0, 1)", "[1x2]"}},
+    {"NaN leaf", Kind::value, on_tape([](auto& t, auto, auto, auto) { t.leaf(Tensor<double>::matrix({{1, nan}})); }), {"leaf", "NaN", "an unnamed leaf", "(0, 1)", "[1x2]"}},
     {"+inf score", Kind::value, on_tape([](auto& t, auto, auto, auto) { softmax(t.leaf(Tensor<double>::matrix({{1, inf}}))); }), {"softmax", "inf", "(0, 1)"}},
     {"scale by inf", Kind::value, on_tape([](auto&, auto a, auto, auto) { scale(a, inf); }), {"scale", "inf", "not finite"}},
     {"mask value", Kind::value, on_tape([](auto& t, auto a, auto, auto) { mask(a, t.constant(filled({2, 3}, 0.5))); }), {"mask", "0.5", "(0, 0)"}},
