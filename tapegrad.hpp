@@ -1,28 +1,30 @@
-// Umbrella header: the tensor, the tape, every op, the attention model and the checker.
+// Umbrella header, the one include for users: the engine (tensor, tape, op contract, threads),
+// the gradient checker, input/output (.npy, fmt formatting, DOT pictures), every op, and the
+// models composed from them. Applications (the retrieval model) live in examples/.
 #pragma once
 
 #include "autodiff/error.hpp"
-#include "autodiff/format.hpp"
-#include "autodiff/gradcheck.hpp"
-#include "autodiff/graphviz.hpp"
-#include "autodiff/npy.hpp"
+#include "autodiff/op.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/scalar.hpp"
 #include "autodiff/tape.hpp"
 #include "autodiff/tensor.hpp"
+#include "check/gradcheck.hpp"
+#include "io/format.hpp"
+#include "io/graphviz.hpp"
+#include "io/npy.hpp"
 #include "models/attention.hpp"
-#include "models/causal_attention.hpp"
 #include "models/masks.hpp"
 #include "models/multihead.hpp"
 #include "models/optimizer.hpp"
-#include "models/retrieval.hpp"
 #include "ops/add.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/dropout.hpp"
 #include "ops/embedding.hpp"
 #include "ops/fused_attention.hpp"
 #include "ops/mask.hpp"
-#include "ops/merge_heads.hpp"
 #include "ops/matmul.hpp"
+#include "ops/merge_heads.hpp"
 #include "ops/mul.hpp"
 #include "ops/scale.hpp"
 #include "ops/softmax.hpp"

@@ -2,30 +2,22 @@
 // (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to Eigen's GEMM
 // (blocked and vectorised, well kept, far faster than a loop we would write); any other scalar
 // (the 50-digit reference type) takes a plain loop ordered for contiguous access. A large
-// float/double product is split by rows of C over gemm_threads() threads (both cores here).
+// float/double product is split by rows of C over the library's threads (autodiff/parallel.hpp);
+// each row of C is computed by one thread as it would be by a single one.
 #pragma once
 
+#include "autodiff/parallel.hpp"
 #include "autodiff/tensor.hpp"
 
 #include <Eigen/Core>
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
-#include <thread>
 #include <type_traits>
-#include <vector>
 
 namespace tapegrad::kernels {
 
 enum class Form { ab, abT, aTb };
-
-// Threads a float/double product may use; 0 (the default) means every core. Results do not depend
-// on it beyond the last bits Eigen's blocking may round differently.
-inline std::atomic<unsigned>& gemm_threads() {
-    static std::atomic<unsigned> threads{0};
-    return threads;
-}
 
 // Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
 // thread: starting a thread costs tens of microseconds. Each thread gets at least 64 rows of C.
@@ -57,22 +49,18 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
                 case Form::aTb: product(ConstMap(A, ki, mi).middleCols(first, rows).transpose() * ConstMap(B, ki, ni)); break;
             }
         };
-        const unsigned wanted = gemm_threads().load() == 0 ? std::max(1u, std::thread::hardware_concurrency())
-                                                           : gemm_threads().load();
-        const std::size_t workers =
-            m * n * k < parallel_madds ? 1 : std::min<std::size_t>(wanted, std::max<std::size_t>(1, m / rows_per_thread));
+        const std::size_t workers = m * n * k < parallel_madds
+                                        ? 1
+                                        : std::min<std::size_t>(thread_count(), std::max<std::size_t>(1, m / rows_per_thread));
         if (workers <= 1) {
             rows_of_product(0, mi);
             return;
         }
         const std::size_t block = (m + workers - 1) / workers;
-        std::vector<std::jthread> helpers;
-        for (std::size_t w = 1; w < workers; ++w) {
+        parallel_for((m + block - 1) / block, [&](std::size_t w, unsigned) {
             const std::size_t first = w * block;
-            if (first >= m) break;
-            helpers.emplace_back([&, first] { rows_of_product(Eigen::Index(first), Eigen::Index(std::min(block, m - first))); });
-        }
-        rows_of_product(0, Eigen::Index(std::min(block, m)));
+            rows_of_product(Eigen::Index(first), Eigen::Index(std::min(block, m - first)));
+        });
     } else {
         if (!accumulate) {
             for (std::size_t x = 0; x < m * n; ++x) C[x] = T(0);

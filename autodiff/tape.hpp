@@ -1,15 +1,17 @@
 // Tape<T>: the reverse-mode engine. Each op appends one node (inputs, output, VJP) in creation
 // order, so `backward` is a single reverse sweep with no topological sort (as in Stan and Adept).
-// The tape knows nothing about any particular op: an op is a struct with `name`, `forward` and
-// `vjp` (see ops/), and the tape calls them through a table of function pointers.
+// The tape knows nothing about any particular op: an op is a struct that follows the contract in
+// autodiff/op.hpp, and the tape calls it through that contract's table of function pointers.
 #pragma once
 
 #include "autodiff/error.hpp"
+#include "autodiff/op.hpp"
 #include "autodiff/tensor.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <any>
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -27,108 +29,6 @@ template <Scalar T>
 class Tape;
 
 inline constexpr std::size_t max_arity = 4;
-
-// The input tensors of one op, in order.
-template <Scalar T>
-using Inputs = std::span<const Tensor<T>* const>;
-
-// Settings an op keeps with its node: a constant factor and integer settings (flags, offsets,
-// indices). Constant tensors (masks, targets' one-hots, the probe G) are constant leaves instead.
-template <Scalar T>
-struct OpAttrs {
-    T scalar{};
-    std::vector<std::int64_t> ints{};
-};
-
-// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
-struct OpCost {
-    std::uint64_t forward_madds = 0;
-    std::uint64_t backward_madds = 0;
-};
-
-// The type-erased form of an op, built once per (op, scalar type) from the op's struct.
-template <Scalar T>
-struct OpKind {
-    std::string_view name;
-    // Writes the output (resizing `out`) and anything the VJP needs beyond the output (`saved`).
-    void (*forward)(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved);
-    // Writes into `din` (already shaped like input `which`) that input's VJP contribution.
-    void (*vjp)(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                const Tensor<T>& dout, std::size_t which, Tensor<T>& din);
-    OpCost (*cost)(Inputs<T> in, const OpAttrs<T>& attrs);
-    // Optional (nullptr when the op has none): recomputes the output after some inputs changed
-    // (`after`), from the recorded inputs (`before`) and output, doing work only for what changed.
-    // Returns false when that would not pay, and the replay runs `forward` instead. Only ops whose
-    // forward saves nothing provide it. Tape::replay uses it; results agree with `forward` to
-    // rounding in the last digit (see MatMul::update).
-    bool (*update)(Inputs<T> before, Inputs<T> after, const OpAttrs<T>& attrs, const Tensor<T>& out_before,
-                   Tensor<T>& out);
-    // Optional (nullptr when the op has none): all inputs' VJP contributions in one call, for ops
-    // whose per-input VJPs share most of their work (fused attention recomputes its weights once
-    // instead of once per input). grads[k] is nullptr when input k needs no gradient, else a
-    // tensor already shaped like input k into which the op writes its contribution. When present,
-    // backward calls it instead of `vjp`; the results must equal `vjp`'s.
-    void (*vjp_all)(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                    const Tensor<T>& dout, std::span<Tensor<T>* const> grads);
-};
-
-namespace detail {
-template <class Op, Scalar T>
-constexpr auto update_of() {
-    using Update = bool (*)(Inputs<T>, Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, Tensor<T>&);
-    if constexpr (requires(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& t, Tensor<T>& out) {
-                      { Op::template update<T>(in, in, attrs, t, out) } -> std::same_as<bool>;
-                  }) {
-        return Update{[](Inputs<T> before, Inputs<T> after, const OpAttrs<T>& attrs, const Tensor<T>& out_before,
-                         Tensor<T>& out) { return Op::template update<T>(before, after, attrs, out_before, out); }};
-    } else {
-        return Update{nullptr};
-    }
-}
-
-template <class Op, Scalar T>
-constexpr auto vjp_all_of() {
-    using VjpAll = void (*)(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>&,
-                            std::span<Tensor<T>* const>);
-    if constexpr (requires(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& t,
-                           std::span<Tensor<T>* const> grads) { Op::template vjp_all<T>(in, attrs, t, t, t, grads); }) {
-        return VjpAll{[](Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                         const Tensor<T>& dout, std::span<Tensor<T>* const> grads) {
-            Op::template vjp_all<T>(in, attrs, out, saved, dout, grads);
-        }};
-    } else {
-        return VjpAll{nullptr};
-    }
-}
-}  // namespace detail
-
-// What an op struct provides, for scalar type T.
-template <class Op, class T>
-concept TapeOp = Scalar<T> && requires(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, const Tensor<T>& t,
-                                       std::size_t which) {
-    { Op::name } -> std::convertible_to<std::string_view>;
-    Op::template forward<T>(in, attrs, out, out);
-    Op::template vjp<T>(in, attrs, t, t, t, which, out);
-};
-
-template <class Op, Scalar T>
-inline constexpr OpKind<T> op_kind_of{
-    Op::name,
-    [](Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved) {
-        Op::template forward<T>(in, attrs, out, saved);
-    },
-    [](Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved, const Tensor<T>& dout,
-       std::size_t which, Tensor<T>& din) { Op::template vjp<T>(in, attrs, out, saved, dout, which, din); },
-    [](Inputs<T> in, const OpAttrs<T>& attrs) -> OpCost {
-        if constexpr (requires { Op::template cost<T>(in, attrs); }) {
-            return Op::template cost<T>(in, attrs);
-        } else {
-            return OpCost{};
-        }
-    },
-    detail::update_of<Op, T>(),
-    detail::vjp_all_of<Op, T>(),
-};
 
 // A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
 // not cleared (using it afterwards raises usage_error instead of reading stale memory).
@@ -224,9 +124,10 @@ public:
     Var<T> constant(Tensor<T>&& value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
 
     // Appends a node for `Op` applied to `inputs`. The op's public function has checked shapes.
+    // `settings` are the op's own typed settings (autodiff/op.hpp), kept with the node for replays.
     template <class Op>
         requires TapeOp<Op, T>
-    Var<T> record(std::initializer_list<Var<T>> inputs, OpAttrs<T> attrs = {}) {
+    Var<T> record(std::initializer_list<Var<T>> inputs, SettingsOf<Op, T> settings = {}) {
         if (inputs.size() > max_arity) {
             throw usage_error(fmt::format("{}: {} inputs exceed the tape's maximum of {}", Op::name, inputs.size(),
                                           max_arity));
@@ -244,13 +145,13 @@ public:
         node.inputs = ids;
         node.arity = static_cast<std::uint32_t>(inputs.size());
         node.requires_grad = requires_grad;
-        node.attrs = std::move(attrs);
+        node.settings = std::move(settings);
         node.label.clear();
         node.has_grad = false;
         const std::uint32_t index = static_cast<std::uint32_t>(used_ - 1);
         std::array<const Tensor<T>*, max_arity> values{};
         gather_inputs(nodes_[index], values);
-        nodes_[index].kind->forward(std::span(values.data(), nodes_[index].arity), nodes_[index].attrs,
+        nodes_[index].kind->forward(nodes_[index].settings, std::span(values.data(), nodes_[index].arity),
                                     nodes_[index].value, nodes_[index].saved);
         check_no_nan(nodes_[index].value, Op::name, "its output");
         return handle(index);
@@ -320,7 +221,7 @@ public:
         if (node.kind != nullptr) {
             std::array<const Tensor<T>*, max_arity> values{};
             gather_inputs(node, values);
-            cost = node.kind->cost(std::span(values.data(), node.arity), node.attrs);
+            cost = node.kind->cost(node.settings, std::span(values.data(), node.arity));
         }
         const std::size_t bytes = (node.value.size() + node.saved.size() + (node.has_grad ? node.grad.size() : 0)) *
                                   sizeof(T);
@@ -392,11 +293,11 @@ public:
             // A perturbed coordinate usually changes few entries: let the op update its recorded
             // output instead of recomputing it (the checker's 50-digit replays are most of its time).
             if (node.kind->update != nullptr &&
-                node.kind->update(std::span(recorded.data(), node.arity), std::span(values.data(), node.arity),
-                                  node.attrs, node.value, work.values[i])) {
+                node.kind->update(node.settings, std::span(recorded.data(), node.arity),
+                                  std::span(values.data(), node.arity), node.value, work.values[i])) {
                 continue;
             }
-            node.kind->forward(std::span(values.data(), node.arity), node.attrs, work.values[i], work.saved[i]);
+            node.kind->forward(node.settings, std::span(values.data(), node.arity), work.values[i], work.saved[i]);
         }
         return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
     }
@@ -426,7 +327,7 @@ private:
         Tensor<T> value;
         Tensor<T> saved;
         Tensor<T> grad;
-        OpAttrs<T> attrs;
+        std::any settings;  // the op's own Settings type (NoSettings for a leaf)
         std::string label;
     };
 
@@ -457,53 +358,39 @@ private:
                 zero_gradient_if_missing(node);
                 continue;
             }
-            if (node.kind == nullptr || !node.requires_grad) continue;
-            std::array<const Tensor<T>*, max_arity> values{};
-            gather_inputs(node, values);
-            const Inputs<T> in(values.data(), node.arity);
-            if (node.kind->vjp_all != nullptr) {
-                // One call for all inputs. As in the per-input path, an input's first contribution
-                // is written straight into its own gradient buffer; later ones (and a second slot
-                // fed by the same input) go to per-input scratch tensors, kept across calls so a
-                // reused tape allocates nothing. Each contribution then goes through accumulate
-                // like a per-input VJP's.
-                std::array<Tensor<T>*, max_arity> grads{};
-                bool any = false;
-                for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-                    Node& input = nodes_[node.inputs[slot]];
-                    if (!input.requires_grad) continue;  // nobody needs this VJP
-                    bool first = !input.has_grad;
-                    for (std::uint32_t earlier = 0; earlier < slot; ++earlier) {
-                        first = first && node.inputs[earlier] != node.inputs[slot];
-                    }
-                    Tensor<T>& din = first ? input.grad : all_scratch_[slot];
-                    din.resize(input.value.shape());
-                    grads[slot] = &din;
-                    any = true;
-                }
-                if (!any) continue;
-                node.kind->vjp_all(in, node.attrs, node.value, node.saved, node.grad,
-                                   std::span<Tensor<T>* const>(grads.data(), node.arity));
-                for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-                    if (grads[slot] == nullptr) continue;
-                    accumulate(node.inputs[slot], static_cast<std::uint32_t>(i), slot, *grads[slot]);
-                }
-                continue;
-            }
-            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-                const std::uint32_t target = node.inputs[slot];
-                if (!nodes_[target].requires_grad) continue;  // nobody needs this VJP
-                // The first contribution is written straight into the input's own gradient buffer
-                // (kept across clear(), so a reused tape allocates nothing); later ones go to the
-                // scratch tensor and are added.
-                Node& input = nodes_[target];
-                Tensor<T>& din = input.has_grad ? scratch_ : input.grad;
-                din.resize(input.value.shape());
-                node.kind->vjp(in, node.attrs, node.value, node.saved, node.grad, slot, din);
-                accumulate(target, static_cast<std::uint32_t>(i), slot, din);
-            }
+            if (node.kind != nullptr && node.requires_grad) pass_gradient(static_cast<std::uint32_t>(i));
         }
         backward_done_ = true;
+    }
+
+    // Node i's VJPs, one call for all its inputs, then one accumulate per input. An input's first
+    // contribution is written straight into its own gradient buffer (kept across clear(), so a
+    // reused tape allocates nothing); a later one, or a second slot fed by the same input, goes to
+    // that slot's scratch tensor and is added.
+    void pass_gradient(std::uint32_t i) {
+        const Node& node = nodes_[i];
+        std::array<Tensor<T>*, max_arity> grads{};
+        bool any = false;
+        for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+            Node& input = nodes_[node.inputs[slot]];
+            if (!input.requires_grad) continue;  // nobody needs this VJP
+            bool first = !input.has_grad;
+            for (std::uint32_t earlier = 0; earlier < slot; ++earlier) {
+                first = first && node.inputs[earlier] != node.inputs[slot];
+            }
+            Tensor<T>& din = first ? input.grad : scratch_[slot];
+            din.resize(input.value.shape());
+            grads[slot] = &din;
+            any = true;
+        }
+        if (!any) return;
+        std::array<const Tensor<T>*, max_arity> values{};
+        gather_inputs(node, values);
+        const VjpArgs<T> at{Inputs<T>(values.data(), node.arity), node.value, node.saved, node.grad};
+        node.kind->vjp_all(node.settings, at, std::span<Tensor<T>* const>(grads.data(), node.arity));
+        for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+            if (grads[slot] != nullptr) accumulate(node.inputs[slot], i, slot, *grads[slot]);
+        }
     }
 
     static void zero_gradient_if_missing(Node& node) {
@@ -517,6 +404,7 @@ private:
     Node& append_leaf(std::string_view label, bool requires_grad) {
         Node& node = append();
         node.kind = nullptr;
+        node.settings.reset();
         node.arity = 0;
         node.requires_grad = requires_grad;
         node.label.assign(label);
@@ -606,8 +494,7 @@ private:
     bool backward_done_ = false;
     bool log_branches_ = false;
     std::vector<Branch<T>> branches_;
-    Tensor<T> scratch_;
-    std::array<Tensor<T>, max_arity> all_scratch_;  // per-input contributions of a vjp_all
+    std::array<Tensor<T>, max_arity> scratch_;  // contributions that cannot go straight into a gradient
 };
 
 }  // namespace tapegrad

@@ -226,9 +226,8 @@ int main(int argc, char** argv) {
     const std::size_t d = 64;
     fmt::print("# fused attention benchmark: D = d = r = {}, double, forward + backward, best of runs\n", d);
     for (const unsigned threads : thread_counts) {
-        fused_attention_threads() = threads;
-        Eigen::setNbThreads(1);           // Eigen's own threading stays off;
-        kernels::gemm_threads() = threads;  // tapegrad's products (composed graph) get the same threads
+        set_threads(threads);    // the fused op's tiles and tapegrad's products (composed graph) alike;
+        Eigen::setNbThreads(1);  // Eigen's own threading stays off
 #ifdef TAPEGRAD_HAVE_TORCH
         torch::set_num_threads(static_cast<int>(threads));
 #endif

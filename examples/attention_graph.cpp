@@ -3,7 +3,7 @@
 // renders it to attention.svg; otherwise prints the command to render it elsewhere.
 //
 //     ./build/examples/attention_graph [output-directory]
-#include "autodiff/graphviz.hpp"
+#include "io/graphviz.hpp"
 #include "tapegrad.hpp"
 
 #include <fmt/format.h>

@@ -18,7 +18,7 @@ struct Tanh {
     static constexpr std::string_view name = "tanh";
 
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& Y, Tensor<T>&) {
+    static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         using std::tanh;
         const Tensor<T>& X = *in[0];
         Y.resize(X.shape());
@@ -26,9 +26,9 @@ struct Tanh {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>& Y, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dX) {
-        for (std::size_t k = 0; k < G.size(); ++k) dX[k] = G[k] * (1 - Y[k] * Y[k]);
+    static void vjp(const NoSettings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
+        const Tensor<T>& Y = at.out;  // tanh' = 1 − tanh², from the saved output
+        for (std::size_t k = 0; k < at.G.size(); ++k) dX[k] = at.G[k] * (1 - Y[k] * Y[k]);
     }
 };
 

@@ -1,9 +1,9 @@
-// Trains the small causal retrieval model (models/retrieval.hpp) with Adam on the tape's
+// Trains the small causal retrieval model (examples/retrieval.hpp) with Adam on the tape's
 // gradients: token + position embeddings, multi-head causal attention, output projection,
 // cross-entropy. Seeded and deterministic; prints the loss as it goes and ends with the accuracy
 // on held-out sequences (drawn from a generator the training never touches).
 //   usage: train_retrieval [steps] [composed|fused]   (the attention kernel; composed by default)
-#include "models/retrieval.hpp"
+#include "examples/retrieval.hpp"
 
 #include <fmt/format.h>
 

@@ -2,7 +2,7 @@
 // anything else (a crash, a sanitizer report, another exception, a huge allocation) is a bug.
 // A file that parses must also survive a write/read round trip unchanged, bit for bit.
 // Build and run: fuzz/run.sh [seconds]   (needs clang with libFuzzer; see fuzz/CMakeLists.txt)
-#include "autodiff/npy.hpp"
+#include "io/npy.hpp"
 
 #include <bit>
 #include <cstddef>

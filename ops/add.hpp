@@ -2,7 +2,7 @@
 // VJP: dA = G, dB = G  (each output coordinate depends on one coordinate of each input, slope 1).
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 namespace tapegrad {
@@ -10,8 +10,10 @@ namespace tapegrad {
 struct Add {
     static constexpr std::string_view name = "add";
 
+    using Settings = NoSettings;
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         const Tensor<T>& a = *in[0];
         const Tensor<T>& b = *in[1];
         out.resize(a.shape());
@@ -19,9 +21,8 @@ struct Add {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
-        std::copy(G.data().begin(), G.data().end(), grad.data().begin());
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        std::copy(at.G.data().begin(), at.G.data().end(), grad.data().begin());
     }
 };
 

@@ -1,7 +1,7 @@
 // cross_entropy: the mean negative log-likelihood of integer targets under next-token logits,
 // the training loss (it replaces the spec's fixed probe G with a real objective).
 //   logits [..., V] viewed as N rows of V classes (N = size / V), targets t_0 .. t_{N−1} in [0, V)
-//   (attrs.ints)  ->  J [] (a scalar)
+//   (Settings::targets)  ->  J [] (a scalar)
 //   J = (1/N) Σ_r (log Σ_c exp(z_rc) − z_{r t_r})
 // The log-sum-exp subtracts each row's maximum first, so logits of ±1e4 give the exact finite
 // loss instead of inf − inf. The softmax probabilities P are saved for the VJP.
@@ -10,7 +10,7 @@
 // because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 #include <fmt/format.h>
@@ -18,14 +18,19 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <vector>
 
 namespace tapegrad {
 
 struct CrossEntropy {
     static constexpr std::string_view name = "cross_entropy";
 
+    struct Settings {
+        std::vector<std::size_t> targets;  // one class per row (checked < V when recorded)
+    };
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& J, Tensor<T>& P) {
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& J, Tensor<T>& P) {
         using std::exp;
         using std::log;
         const Tensor<T>& z = *in[0];
@@ -50,7 +55,7 @@ struct CrossEntropy {
                 Z += probabilities[c];
             }
             for (std::size_t c = 0; c < V; ++c) probabilities[c] /= Z;
-            const auto target = static_cast<std::size_t>(attrs.ints[r]);
+            const std::size_t target = s.targets[r];
             // −log P_{r t} = log Z + max − z_t, written so that no large terms cancel.
             total += T(log(Z)) - (row[target] - row_max);
         }
@@ -59,16 +64,16 @@ struct CrossEntropy {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>&, const Tensor<T>& P, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dz) {
-        const std::size_t V = in[0]->cols(), N = in[0]->size() / V;
-        const T factor = G[0] / T(N);
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dz) {
+        const Tensor<T>& P = at.saved;
+        const std::size_t V = at.in[0]->cols(), N = at.in[0]->size() / V;
+        const T factor = at.G[0] / T(N);
         for (std::size_t k = 0; k < P.size(); ++k) dz[k] = factor * P[k];
-        for (std::size_t r = 0; r < N; ++r) dz[r * V + static_cast<std::size_t>(attrs.ints[r])] -= factor;
+        for (std::size_t r = 0; r < N; ++r) dz[r * V + s.targets[r]] -= factor;
     }
 
     template <Scalar T>
-    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+    static OpCost cost(const Settings&, Inputs<T> in) {
         return {in[0]->size(), in[0]->size()};
     }
 };
@@ -83,16 +88,14 @@ Var<T> cross_entropy(const Var<T>& logits, std::span<const std::size_t> targets)
         throw shape_error(fmt::format("cross_entropy: {} targets for logits of shape {} ({} rows)", targets.size(),
                                       logits.shape().to_string(), N));
     }
-    OpAttrs<T> attrs;
-    attrs.ints.reserve(N);
     for (std::size_t r = 0; r < N; ++r) {
         if (targets[r] >= V) {
             throw value_error(fmt::format("cross_entropy: target {} in row {} is out of range for {} classes (logits {})",
                                           targets[r], r, V, logits.shape().to_string()));
         }
-        attrs.ints.push_back(static_cast<std::int64_t>(targets[r]));
     }
-    return logits.tape().template record<CrossEntropy>({logits}, std::move(attrs));
+    return logits.tape().template record<CrossEntropy>(
+        {logits}, CrossEntropy::Settings{std::vector<std::size_t>(targets.begin(), targets.end())});
 }
 
 }  // namespace tapegrad

@@ -1,7 +1,7 @@
 // dropout: zeroes each element with probability p and scales the kept ones by 1/(1−p), so the
 // expected output equals the input (attention dropout on the weights A).
 //   X [...] , M [...] (same shape, 0 = dropped, 1 = kept; a constant)  ->  Y [...]
-//   Y_k = X_k·M_k / (1−p)     (attrs.scalar holds 1/(1−p))
+//   Y_k = X_k·M_k / (1−p)     (Settings::factor holds 1/(1−p))
 // The keep-mask M is drawn once, from the caller's explicit seeded generator, when the op is
 // recorded, and lives on the tape as a constant input. So forward is a pure function of (X, M)
 // (the checker replays it with the same M) and the VJP reuses exactly the mask of the forward:
@@ -9,7 +9,7 @@
 // because Y_k is linear in X_k with slope M_k/(1−p). M has no gradient.
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 #include <fmt/format.h>
@@ -22,23 +22,28 @@ namespace tapegrad {
 struct Dropout {
     static constexpr std::string_view name = "dropout";
 
+    // 1/(1−p) in the tape's own precision, so a 50-digit graph is not capped at double's 16 digits.
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& Y, Tensor<T>&) {
+    struct Settings {
+        T factor;
+    };
+
+    template <Scalar T>
+    static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& X = *in[0];
         const Tensor<T>& M = *in[1];
         Y.resize(X.shape());
-        for (std::size_t k = 0; k < X.size(); ++k) Y[k] = M[k] != T(0) ? T(attrs.scalar * X[k]) : T(0);
+        for (std::size_t k = 0; k < X.size(); ++k) Y[k] = M[k] != T(0) ? T(s.factor * X[k]) : T(0);
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dX) {
-        const Tensor<T>& M = *in[1];
-        for (std::size_t k = 0; k < G.size(); ++k) dX[k] = M[k] != T(0) ? T(attrs.scalar * G[k]) : T(0);
+    static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
+        const Tensor<T>& M = *at.in[1];
+        for (std::size_t k = 0; k < at.G.size(); ++k) dX[k] = M[k] != T(0) ? T(s.factor * at.G[k]) : T(0);
     }
 
     template <Scalar T>
-    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+    static OpCost cost(const Settings<T>&, Inputs<T> in) {
         return {in[0]->size(), in[0]->size()};
     }
 };
@@ -75,9 +80,7 @@ Var<T> dropout_with_mask(const Var<T>& X, const Var<T>& keep, double p) {
                                           to_double(m), index_string(keep.shape(), k)));
         }
     }
-    // 1/(1−p) in T's own precision, so a 50-digit graph is not capped at double's 16 digits.
-    const T factor = T(1) / (T(1) - T(p));
-    return X.tape().template record<Dropout>({X, keep}, OpAttrs<T>{factor, {}});
+    return X.tape().template record<Dropout>({X, keep}, Dropout::Settings<T>{T(1) / (T(1) - T(p))});
 }
 
 // Dropout whose keep-mask is drawn now from `generator` (advancing it). p = 0 keeps everything

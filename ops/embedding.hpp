@@ -1,8 +1,8 @@
 // embedding: gathers rows of a table by index (token and position embeddings; also picks the
 // rows of a batch, e.g. the last position of each sequence).
 //   table [..., D] viewed as R rows of width D (R = size / D), indices i_0 .. i_{n−1} in [0, R)
-//   -> Y [n, D]             (attrs.ints = {0, i_0, ..., i_{n−1}})
-//   -> Y [B, n/B, D]         (attrs.ints = {B, i_0, ...}: the same rows, shaped as B sequences)
+//   -> Y [n, D]             (Settings{indices, sequences = 0})
+//   -> Y [B, n/B, D]         (Settings{indices, sequences = B}: the same rows, shaped as B sequences)
 //   Y_r = table_{i_r}
 // VJP: d table_v = Σ_{r : i_r = v} G_r  (scatter-add of the rows of G back to the rows they came
 // from). Each Y_r is a copy of one table row with slope 1, so a row used twice receives the sum of
@@ -10,7 +10,7 @@
 // they have no gradient.
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 #include <fmt/format.h>
@@ -24,28 +24,29 @@ namespace tapegrad {
 struct Embedding {
     static constexpr std::string_view name = "embedding";
 
+    struct Settings {
+        std::vector<std::size_t> indices;  // table rows, in output order (checked < rows when recorded)
+        std::size_t sequences = 0;         // 0: output [n, D]; B: output [B, n/B, D]
+    };
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& Y, Tensor<T>&) {
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& table = *in[0];
         const std::size_t D = table.cols();
-        const std::size_t n = attrs.ints.size() - 1;
-        const auto batch = static_cast<std::size_t>(attrs.ints[0]);
-        Y.resize(batch == 0 ? Shape{n, D} : Shape{batch, n / batch, D});
+        const std::size_t n = s.indices.size();
+        Y.resize(s.sequences == 0 ? Shape{n, D} : Shape{s.sequences, n / s.sequences, D});
         for (std::size_t r = 0; r < n; ++r) {
-            const auto row = static_cast<std::size_t>(attrs.ints[r + 1]);
-            std::copy_n(table.data().data() + row * D, D, Y.data().data() + r * D);
+            std::copy_n(table.data().data() + s.indices[r] * D, D, Y.data().data() + r * D);
         }
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dtable) {
-        const std::size_t D = in[0]->cols();
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dtable) {
+        const std::size_t D = at.in[0]->cols();
         dtable.fill(T(0));
-        for (std::size_t r = 0; r + 1 < attrs.ints.size(); ++r) {
-            const auto row = static_cast<std::size_t>(attrs.ints[r + 1]);
-            const T* upstream = G.data().data() + r * D;
-            T* target = dtable.data().data() + row * D;
+        for (std::size_t r = 0; r < s.indices.size(); ++r) {
+            const T* upstream = at.G.data().data() + r * D;
+            T* target = dtable.data().data() + s.indices[r] * D;
             for (std::size_t c = 0; c < D; ++c) target[c] += upstream[c];
         }
     }
@@ -59,18 +60,15 @@ Var<T> record_embedding(const Var<T>& table, std::span<const std::size_t> indice
     if (table.shape().rank() == 0) throw shape_error("embedding: table must have at least one dimension, got a scalar");
     if (indices.empty()) throw shape_error("embedding: no indices given");
     const std::size_t rows = table.shape().size() / table.shape().cols();
-    OpAttrs<T> attrs;
-    attrs.ints.reserve(indices.size() + 1);
-    attrs.ints.push_back(static_cast<std::int64_t>(batch));
     for (std::size_t r = 0; r < indices.size(); ++r) {
         if (indices[r] >= rows) {
             throw value_error(fmt::format("embedding: index {} at position {} is out of range for a table of {} rows "
                                           "(shape {})",
                                           indices[r], r, rows, table.shape().to_string()));
         }
-        attrs.ints.push_back(static_cast<std::int64_t>(indices[r]));
     }
-    return table.tape().template record<Embedding>({table}, std::move(attrs));
+    return table.tape().template record<Embedding>(
+        {table}, Embedding::Settings{std::vector<std::size_t>(indices.begin(), indices.end()), batch});
 }
 
 }  // namespace detail

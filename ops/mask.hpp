@@ -6,7 +6,7 @@
 // M is a constant (a boolean pattern); it has no gradient.
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 #include <limits>
@@ -16,8 +16,10 @@ namespace tapegrad {
 struct Mask {
     static constexpr std::string_view name = "mask";
 
+    using Settings = NoSettings;
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         const Tensor<T>& S = *in[0];
         const Tensor<T>& M = *in[1];
         out.resize(S.shape());
@@ -28,11 +30,10 @@ struct Mask {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
-        const Tensor<T>& M = *in[1];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        const Tensor<T>& M = *at.in[1];
         const std::size_t period = M.size();
-        for (std::size_t k = 0; k < G.size(); ++k) grad[k] = M[k % period] != T(0) ? G[k] : T(0);
+        for (std::size_t k = 0; k < at.G.size(); ++k) grad[k] = M[k % period] != T(0) ? at.G[k] : T(0);
     }
 };
 

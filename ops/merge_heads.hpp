@@ -19,8 +19,10 @@ struct MergeHeads {
         return Shape(std::span<const std::size_t>(dims));
     }
 
+    using Settings = NoSettings;
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& Y, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& X = *in[0];
         const std::size_t H = X.shape()[X.rank() - 3];
         Y.resize(output_shape(X.shape()));
@@ -28,11 +30,10 @@ struct MergeHeads {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dX) {
-        const Tensor<T>& X = *in[0];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
+        const Tensor<T>& X = *at.in[0];
         const std::size_t H = X.shape()[X.rank() - 3];
-        detail::permute_heads(G.data().data(), dX.data().data(), X.shape().batch() / H, H, X.rows(), X.cols(), true);
+        detail::permute_heads(at.G.data().data(), dX.data().data(), X.shape().batch() / H, H, X.rows(), X.cols(), true);
     }
 };
 

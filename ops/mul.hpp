@@ -3,7 +3,7 @@
 // VJP: dA = G ∘ B, dB = G ∘ A  (∂C_k/∂A_k = B_k, ∂C_k/∂B_k = A_k).
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 namespace tapegrad {
@@ -11,8 +11,10 @@ namespace tapegrad {
 struct Mul {
     static constexpr std::string_view name = "mul";
 
+    using Settings = NoSettings;
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         const Tensor<T>& a = *in[0];
         const Tensor<T>& b = *in[1];
         out.resize(a.shape());
@@ -20,14 +22,13 @@ struct Mul {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t which, Tensor<T>& grad) {
-        const Tensor<T>& other = *in[1 - which];
-        for (std::size_t k = 0; k < G.size(); ++k) grad[k] = G[k] * other[k];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
+        const Tensor<T>& other = *at.in[1 - which];
+        for (std::size_t k = 0; k < at.G.size(); ++k) grad[k] = at.G[k] * other[k];
     }
 
     template <Scalar T>
-    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+    static OpCost cost(const Settings&, Inputs<T> in) {
         return {in[0]->size(), 2 * in[0]->size()};
     }
 };

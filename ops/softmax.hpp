@@ -10,10 +10,9 @@
 // denominator Z. Dropping the denominator path would give A ∘ G, whose rows no longer sum to 0.
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
-
-#include <Eigen/Core>
+#include "ops/fast/softmax_rows.hpp"
 
 #include <algorithm>
 #include <array>
@@ -25,6 +24,8 @@ namespace tapegrad {
 
 struct Softmax {
     static constexpr std::string_view name = "softmax";
+    using Settings = NoSettings;
+    using hooks_of = Softmax;  // declares `update` below
 
     // One row: weights = exp(scores − max) / Σ exp(scores − max).
     template <Scalar T>
@@ -46,16 +47,7 @@ struct Softmax {
             return;
         }
         if constexpr (std::is_floating_point_v<T>) {
-            // float/double: Eigen's vectorised exp (within an ulp or two of std::exp, several
-            // times faster); it clamps -inf to a tiny number, so hidden positions are set to
-            // exactly 0 afterwards.
-            using Row = Eigen::Array<T, 1, Eigen::Dynamic>;
-            const Eigen::Map<const Row> s(scores, Eigen::Index(n));
-            Eigen::Map<Row> w(weights, Eigen::Index(n));
-            w = (s - row_max).exp();
-            for (std::size_t j = 0; j < n; ++j)
-                if (scores[j] == -std::numeric_limits<T>::infinity()) weights[j] = T(0);
-            w /= w.sum();
+            fast::softmax_row_vectorised(scores, n, row_max, weights);  // same formula, vectorised
         } else {
             T total(0);
             for (std::size_t j = 0; j < n; ++j) {
@@ -69,29 +61,18 @@ struct Softmax {
     }
 
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& A, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& A, Tensor<T>&) {
         const Tensor<T>& S = *in[0];
         A.resize(S.shape());
         const std::size_t n = S.cols(), rows = S.size() / n;
         for (std::size_t r = 0; r < rows; ++r) normalise_row(S, r, A.data().data() + r * n);
     }
 
-    // Replay after a change of S (the checker perturbs one coordinate by h ≤ 1e-14 at a time).
-    // A row of A depends only on its row of S, so an unchanged row keeps its recorded weights
-    // (bit for bit what forward computes). A row whose scores moved by small δ_j = S'_ij − S_ij is
-    // updated without exp:  A'_ij = A_ij·e^δ_j / Σ_k A_ik·e^δ_k  (the max and Z cancel), with
-    // e^δ from its Taylor series, summed until a term drops below 1e-55 (|δ| ≤ 1e-6, so at most
-    // 9 terms; truncation < 1e-60). A 50-digit exp costs about a hundred products; this costs a
-    // few. Larger moves, or moves to or from -inf, take the full computation.
+    // Speed hook (autodiff/op.hpp): a row of A depends only on its row of S, so an unchanged row
+    // keeps its recorded weights (bit for bit what forward computes) and a row moved by a tiny δ is
+    // rescaled by e^δ without exp (ops/fast/softmax_rows.hpp); anything else is normalised again.
     template <Scalar T>
-    static bool update(Inputs<T> before, Inputs<T> after, const OpAttrs<T>&, const Tensor<T>& A, Tensor<T>& A_new) {
-        using std::abs;
-        static const std::array<T, 16> inverse = [] {
-            std::array<T, 16> values{};
-            for (std::size_t k = 1; k < values.size(); ++k) values[k] = T(1) / T(k);
-            return values;
-        }();
-        const T small_move(1e-6), negligible(1e-55);
+    static bool update(const Settings&, Inputs<T> before, Inputs<T> after, const Tensor<T>& A, Tensor<T>& A_new) {
         const Tensor<T>& S_old = *before[0];
         const Tensor<T>& S = *after[0];
         A_new.resize(S.shape());
@@ -99,35 +80,10 @@ struct Softmax {
         for (std::size_t r = 0; r < rows; ++r) {
             const T* s_old = S_old.data().data() + r * n;
             const T* s_new = S.data().data() + r * n;
-            const T* a_old = A.data().data() + r * n;
             T* a_new = A_new.data().data() + r * n;
             if (std::equal(s_new, s_new + n, s_old)) {
-                std::copy_n(a_old, n, a_new);
-                continue;
-            }
-            bool small = true;
-            T total(0);
-            for (std::size_t j = 0; j < n && small; ++j) {
-                if (s_new[j] == s_old[j]) {
-                    a_new[j] = a_old[j];
-                } else if (is_finite(s_new[j]) && is_finite(s_old[j]) && T(abs(s_new[j] - s_old[j])) <= small_move) {
-                    const T delta = s_new[j] - s_old[j];
-                    T term(1), growth(1);  // e^δ = Σ δ^k / k!
-                    for (std::size_t k = 1; k < inverse.size() && T(abs(term)) >= negligible; ++k) {
-                        term *= delta;
-                        term *= inverse[k];
-                        growth += term;
-                    }
-                    a_new[j] = a_old[j] * growth;
-                } else {
-                    small = false;
-                }
-                total += a_new[j];
-            }
-            if (small && total > T(0)) {
-                const T scale = T(1) / total;
-                for (std::size_t j = 0; j < n; ++j) a_new[j] *= scale;
-            } else {
+                std::copy_n(A.data().data() + r * n, n, a_new);
+            } else if (!fast::softmax_row_update(s_old, s_new, A.data().data() + r * n, n, a_new)) {
                 normalise_row(S, r, a_new);
             }
         }
@@ -135,8 +91,9 @@ struct Softmax {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>& A, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dS) {
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dS) {
+        const Tensor<T>& A = at.out;
+        const Tensor<T>& G = at.G;
         const std::size_t n = A.cols(), rows = A.size() / n;
         for (std::size_t r = 0; r < rows; ++r) {
             const T* weights = A.data().data() + r * n;
@@ -149,7 +106,7 @@ struct Softmax {
     }
 
     template <Scalar T>
-    static OpCost cost(Inputs<T> in, const OpAttrs<T>&) {
+    static OpCost cost(const Settings&, Inputs<T> in) {
         return {in[0]->size(), 2 * in[0]->size()};
     }
 };

@@ -1,12 +1,12 @@
 // split_heads: cuts the feature dimension into H heads and moves the head axis in front of time,
 // so every head becomes one matrix of the batch (per-head attention is then batched matmuls).
-//   X [..., T, H·dh] -> Y [..., H, T, dh]      (X of rank 2 or 3; attrs.ints = {H})
+//   X [..., T, H·dh] -> Y [..., H, T, dh]      (X of rank 2 or 3; Settings{heads = H})
 //   Y_{b,h,t,c} = X_{b,t,h·dh+c}
 // VJP: dX_{b,t,h·dh+c} = G_{b,h,t,c}: a pure permutation, so the gradient is the inverse
 // permutation of G (that is merge_heads).
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 #include <fmt/format.h>
@@ -46,20 +46,23 @@ struct SplitHeads {
         return Shape(std::span<const std::size_t>(dims));
     }
 
+    struct Settings {
+        std::size_t heads;
+    };
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& Y, Tensor<T>&) {
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& X = *in[0];
-        const auto H = static_cast<std::size_t>(attrs.ints[0]);
+        const std::size_t H = s.heads;
         Y.resize(output_shape(X.shape(), H));
         detail::permute_heads(X.data().data(), Y.data().data(), X.shape().batch(), H, X.rows(), X.cols() / H, true);
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dX) {
-        const Tensor<T>& X = *in[0];
-        const auto H = static_cast<std::size_t>(attrs.ints[0]);
-        detail::permute_heads(G.data().data(), dX.data().data(), X.shape().batch(), H, X.rows(), X.cols() / H, false);
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
+        const Tensor<T>& X = *at.in[0];
+        const std::size_t H = s.heads;
+        detail::permute_heads(at.G.data().data(), dX.data().data(), X.shape().batch(), H, X.rows(), X.cols() / H, false);
     }
 };
 
@@ -74,7 +77,7 @@ Var<T> split_heads(const Var<T>& X, std::size_t heads) {
         throw shape_error(fmt::format("split_heads: width {} of X {} does not split into {} heads", x.cols(),
                                       x.to_string(), heads));
     }
-    return X.tape().template record<SplitHeads>({X}, OpAttrs<T>{T(0), {static_cast<std::int64_t>(heads)}});
+    return X.tape().template record<SplitHeads>({X}, SplitHeads::Settings{heads});
 }
 
 }  // namespace tapegrad

@@ -2,7 +2,7 @@
 // VJP: dX = G·1  (G is the scalar upstream gradient; every ∂J/∂X_k = 1).
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 namespace tapegrad {
@@ -10,8 +10,10 @@ namespace tapegrad {
 struct Sum {
     static constexpr std::string_view name = "sum";
 
+    using Settings = NoSettings;
+
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         T total(0);
         for (const T& x : in[0]->data()) total += x;
         out.resize(Shape{});
@@ -19,9 +21,8 @@ struct Sum {
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
-        grad.fill(G[0]);
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        grad.fill(at.G[0]);
     }
 };
 

@@ -3,13 +3,15 @@
 // VJP: dX = Gᵀ  (each output coordinate is one input coordinate, moved back).
 #pragma once
 
-#include "autodiff/checks.hpp"
+#include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
 namespace tapegrad {
 
 struct Transpose {
     static constexpr std::string_view name = "transpose";
+
+    using Settings = NoSettings;
 
     template <Scalar T>
     static void swap_last_two(const Tensor<T>& x, Tensor<T>& y) {
@@ -23,14 +25,13 @@ struct Transpose {
     }
 
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         swap_last_two(*in[0], out);
     }
 
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
-        swap_last_two(G, grad);
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        swap_last_two(at.G, grad);
     }
 };
 

@@ -20,13 +20,13 @@ template <class Throwing>
 struct ThrowsIn {
     static constexpr std::string_view name = "throws_in";
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         if constexpr (std::is_same_v<T, Throwing>) throw value_error("throws_in: refused in this precision");
         out = *in[0];
     }
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& din) {
+    static void vjp(const NoSettings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& din) {
+        const Tensor<T>& G = at.G;
         din = G;
     }
 };
@@ -36,12 +36,12 @@ struct ThrowsIn {
 struct DriftingVjp {
     static constexpr std::string_view name = "drifting_vjp";
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         out = *in[0];
     }
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& din) {
+    static void vjp(const NoSettings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& din) {
+        const Tensor<T>& G = at.G;
         static int calls = 0;
         const T drift = T(calls++) * T(1e-3);
         for (std::size_t k = 0; k < G.size(); ++k) din[k] = G[k] * (T(1) + drift);
@@ -53,12 +53,12 @@ struct DriftingVjp {
 struct AffineVjp {
     static constexpr std::string_view name = "affine_vjp";
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         out = *in[0];
     }
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& din) {
+    static void vjp(const NoSettings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& din) {
+        const Tensor<T>& G = at.G;
         for (std::size_t k = 0; k < G.size(); ++k) din[k] = G[k] + (G[k] - T(1)) * (G[k] - T(1));
     }
 };

@@ -17,17 +17,17 @@ namespace {
 struct SoftmaxWithoutDenominator : Softmax {
     static constexpr std::string_view name = "softmax without denominator path";
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>& A, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& dS) {
-        for (std::size_t k = 0; k < A.size(); ++k) dS[k] = A[k] * G[k];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dS) {
+        for (std::size_t k = 0; k < at.out.size(); ++k) dS[k] = at.out[k] * at.G[k];
     }
 };
 
 // Raw scores S = Q·Kᵀ, but with the VJP of S = Q·K: dQ = G·Kᵀ, dK = Qᵀ·G (square shapes only).
 struct ScoresDifferentiatedAsQK {
     static constexpr std::string_view name = "scores with the VJP of Q·K";
+    using Settings = NoSettings;
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& S, Tensor<T>&) {
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& S, Tensor<T>&) {
         const Tensor<T>& Q = *in[0];
         const Tensor<T>& K = *in[1];
         S.resize(Shape{Q.rows(), K.rows()});
@@ -35,10 +35,10 @@ struct ScoresDifferentiatedAsQK {
                       S.data().data(), false);
     }
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t which, Tensor<T>& grad) {
-        const Tensor<T>& Q = *in[0];
-        const Tensor<T>& K = *in[1];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
+        const Tensor<T>& Q = *at.in[0];
+        const Tensor<T>& K = *at.in[1];
+        const Tensor<T>& G = at.G;
         const std::size_t n = Q.rows();
         if (which == 0) {
             kernels::gemm(kernels::Form::abT, n, n, n, G.data().data(), K.data().data(), grad.data().data(), false);
@@ -52,10 +52,10 @@ struct ScoresDifferentiatedAsQK {
 struct Scores : ScoresDifferentiatedAsQK {
     static constexpr std::string_view name = "scores";
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t which, Tensor<T>& grad) {
-        const Tensor<T>& Q = *in[0];
-        const Tensor<T>& K = *in[1];
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
+        const Tensor<T>& Q = *at.in[0];
+        const Tensor<T>& K = *at.in[1];
+        const Tensor<T>& G = at.G;
         if (which == 0) {
             kernels::gemm(kernels::Form::ab, Q.rows(), Q.cols(), K.rows(), G.data().data(), K.data().data(),
                           grad.data().data(), false);
@@ -70,9 +70,8 @@ struct Scores : ScoresDifferentiatedAsQK {
 struct ScaleForgettingFactor : Scale {
     static constexpr std::string_view name = "scale without factor in VJP";
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
-        std::copy(G.data().begin(), G.data().end(), grad.data().begin());
+    static void vjp(const Settings<T>&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        std::copy(at.G.data().begin(), at.G.data().end(), grad.data().begin());
     }
 };
 
@@ -80,10 +79,10 @@ struct ScaleForgettingFactor : Scale {
 struct MatMulWithoutTransposeInDA : MatMul {
     static constexpr std::string_view name = "matmul with dA = G·B";
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                    const Tensor<T>& G, std::size_t which, Tensor<T>& grad) {
-        if (which == 1) return MatMul::vjp(in, attrs, out, saved, G, which, grad);
-        const Tensor<T>& B = *in[1];
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
+        if (which == 1) return MatMul::vjp(s, at, which, grad);
+        const Tensor<T>& B = *at.in[1];
+        const Tensor<T>& G = at.G;
         kernels::gemm(kernels::Form::ab, G.rows(), B.cols(), G.cols(), G.data().data(), B.data().data(),
                       grad.data().data(), false);
     }
@@ -97,7 +96,7 @@ auto attention_with(const auto& X, const auto& W_Q, const auto& W_K, const auto&
     const auto Q = matmul(X, W_Q).named("Q");
     const auto K = tape.template record<KeyProjection>({X, W_K}).named("K");
     const auto V = matmul(X, W_V).named("V");
-    const auto S = tape.template record<ScaleOp>({matmul(Q, transpose(K))}, OpAttrs<T>{inv_sqrt<T>(Q.shape().cols()), {}});
+    const auto S = tape.template record<ScaleOp>({matmul(Q, transpose(K))}, {inv_sqrt<T>(Q.shape().cols())});
     const auto A = tape.template record<SoftmaxOp>({S});
     return matmul(A, V);
 }
@@ -235,11 +234,11 @@ BOOST_AUTO_TEST_CASE(fast_mode_catches_every_fault_and_falls_back_to_the_full_ch
     const Leaves leaves = random_leaves(5);
     const CheckReport good = check_attention<Softmax, Scale>(leaves, fast);
     BOOST_TEST(good.passed, good.summary());
-    BOOST_TEST(good.mode == "fast");
+    BOOST_TEST(good.mode == CheckMode::fast);
     for (const CheckReport& bad : {check_attention<SoftmaxWithoutDenominator, Scale>(leaves, fast),
                                    check_attention<Softmax, ScaleForgettingFactor>(leaves, fast),
                                    check_attention<Softmax, Scale, MatMulWithoutTransposeInDA>(leaves, fast)}) {
         BOOST_TEST(!bad.passed);
-        BOOST_TEST(bad.mode == "fast, then full");
+        BOOST_TEST(bad.mode == CheckMode::fast_then_full);
     }
 }

@@ -1,21 +1,24 @@
 // Tests of ops/fused_attention.hpp: the fused op is held to the composed graph's values, gradients
 // and tests. The 50-digit checker on the op itself (one line per case, as in test_ops.cpp), values
 // and gradients against the composed graph, the spec's Examples 1 and 2 and its other checks that
-// apply, fault controls (a backward without the D term, one with a wrong log-sum-exp: both must be
-// rejected), the accuracy rule (fused error ≤ 2 × composed error against a 50-digit reference),
-// bad input, thread-count independence, the one-pass backward against the per-input one, and the
-// models switching to the fused kernel (the multi-head model, and the retrieval training of
-// examples/train_retrieval.cpp).
+// apply, fault controls (test-only variants of the op: a backward without the D term, one with a
+// wrong log-sum-exp; both must be rejected), the accuracy rule (fused error ≤ 2 × composed error
+// against a 50-digit reference), bad input, thread-count independence, gradients requested in part,
+// and the models switching to the fused kernel (the multi-head model, and the retrieval training
+// of examples/train_retrieval.cpp).
 #define BOOST_TEST_MODULE fused_attention
 #include "support.hpp"
 
 #include "models/multihead.hpp"
-#include "models/retrieval.hpp"
+#include "examples/retrieval.hpp"
 #include "ops/fused_attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
+#include <span>
 #include <string>
 
 using namespace tapegrad;
@@ -27,21 +30,16 @@ namespace {
 template <class V>
 using scalar_of = typename std::decay_t<V>::scalar_type;
 
-// M_ij = 1 when key j <= query_offset + i (the fused op's causal rule), as a constant for mask().
-Tensor<double> causal_pattern(std::size_t Tq, std::size_t Tk, std::size_t offset) {
-    Tensor<double> M(Shape{Tq, Tk}, 0.0);
-    for (std::size_t i = 0; i < Tq; ++i)
-        for (std::size_t j = 0; j < Tk && j <= offset + i; ++j) M(i, j) = 1.0;
-    return M;
-}
-
-// The composed reference: softmax(mask(scale(matmul(Q, Kᵀ), 1/√d), M))·V, every intermediate kept.
+// The composed reference (models/attention.hpp): softmax(mask(scale(matmul(Q, Kᵀ), 1/√d), M))·V,
+// every intermediate kept, with models/masks.hpp's causal_mask. The fused op also accepts a
+// causal block whose first query already sees the last key (query_offset + 1 >= Tk), which
+// causal_mask refuses when the block runs past the keys: there every key is visible to every
+// query, which is attention without a mask.
 template <Scalar T>
 Var<T> composed_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t offset) {
-    if (!causal) return attention_from_qkv(Q, K, V).O;
-    const Var<T> S = scale(matmul(Q, transpose(K)), inv_sqrt<T>(Q.shape().cols()));
-    const Var<T> M = Q.tape().constant(tensor_cast<T>(causal_pattern(Q.shape().rows(), K.shape().rows(), offset)));
-    return matmul(softmax(mask(S, M)), V);
+    const std::size_t Tk = K.shape().rows();
+    if (!causal || offset + 1 >= Tk) return attention_from_qkv(Q, K, V).O;
+    return causal_attention(Q, K, V, offset).O;
 }
 
 // Mixed error |a − b| / max(1, |b|), the checker's measure, as a maximum over two tensors.
@@ -84,29 +82,44 @@ Var<T> fused(const FusedCase& c, const std::array<Var<T>, 3>& in) {
     return fused_attention(in[0], in[1], in[2], c.causal, c.offset, c.tiles);
 }
 
-// Fault controls: the backward without the D term (dS = P ∘ dP), and a saved log-sum-exp that
-// forgot log l (so the recomputed P is unnormalised). The forward output is unchanged in both.
-struct NoDTerm : fused_detail::ExactBackward {
-    static constexpr bool subtract_row_mean = false;
-};
-struct MaxInsteadOfLogSumExp : fused_detail::ExactBackward {
+// Fault controls, built from the real op: the backward without the D term (dS = P ∘ dP), and a
+// saved log-sum-exp that forgot log l (so the recomputed P is unnormalised). The forward output is
+// unchanged in both. Each declares its own hooks_of, so the tape takes its vjp_all (its own, or
+// FusedAttention's inherited one) as the op's backward.
+
+// FusedAttention's backward given a zero output: D = rowsum(dO ∘ O) is then 0, exactly the
+// missing D term.
+struct NoDTerm : FusedAttention {
+    using hooks_of = NoDTerm;
     template <Scalar T>
-    static T log_sum_exp(const T& m, const T&) {
-        return m;
+    static void vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        const Tensor<T> zero_output(at.out.shape(), T(0));
+        FusedAttention::vjp_all<T>(settings, VjpArgs<T>{at.in, zero_output, at.saved, at.G}, grads);
     }
 };
 
-// The op without vjp_all: the tape then calls the per-input vjp once per input (three passes).
-struct PerInputFusedAttention {
-    static constexpr std::string_view name = FusedAttention::name;
+// FusedAttention's forward, then each row's largest visible score max_j S_ij saved in place of
+// its log-sum-exp L_i = log Σ_j exp(S_ij).
+struct MaxInsteadOfLogSumExp : FusedAttention {
+    using hooks_of = MaxInsteadOfLogSumExp;
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>& attrs, Tensor<T>& out, Tensor<T>& saved) {
-        FusedAttention::forward<T>(in, attrs, out, saved);
-    }
-    template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                    const Tensor<T>& dout, std::size_t which, Tensor<T>& din) {
-        FusedAttention::vjp<T>(in, attrs, out, saved, dout, which, din);
+    static void forward(const Settings& settings, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved) {
+        FusedAttention::forward<T>(settings, in, O, saved);
+        const Tensor<T>& Q = *in[0];
+        const Tensor<T>& K = *in[1];
+        const std::size_t Tq = Q.rows(), Tk = K.rows(), d = Q.cols();
+        const T c = inv_sqrt<T>(d);
+        for (std::size_t row = 0; row < saved.size(); ++row) {  // row = b·Tq + i
+            const std::size_t b = row / Tq, i = row % Tq;
+            const std::size_t visible = settings.causal ? std::min(Tk, settings.query_offset + i + 1) : Tk;
+            T largest = -std::numeric_limits<T>::infinity();
+            for (std::size_t j = 0; j < visible; ++j) {
+                T dot(0);
+                for (std::size_t a = 0; a < d; ++a) dot += Q[row * d + a] * K[(b * Tk + j) * d + a];
+                largest = std::max(largest, T(c * dot));
+            }
+            saved[row] = largest;
+        }
     }
 };
 
@@ -288,88 +301,75 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_rejected) {
     };
     const CheckReport exact = check_gradients(graph_of(std::type_identity<FusedAttention>{}), leaves);
     BOOST_TEST(exact.passed, exact.summary());
-    const CheckReport no_d =
-        check_gradients(graph_of(std::type_identity<FusedAttentionOp<NoDTerm>>{}), leaves);
+    const CheckReport no_d = check_gradients(graph_of(std::type_identity<NoDTerm>{}), leaves);
     BOOST_TEST(!no_d.passed, "a backward without the D term was accepted: " << no_d.summary());
-    const CheckReport wrong_lse =
-        check_gradients(graph_of(std::type_identity<FusedAttentionOp<MaxInsteadOfLogSumExp>>{}), leaves);
+    const CheckReport wrong_lse = check_gradients(graph_of(std::type_identity<MaxInsteadOfLogSumExp>{}), leaves);
     BOOST_TEST(!wrong_lse.passed, "a backward with a wrong log-sum-exp was accepted: " << wrong_lse.summary());
     BOOST_TEST_MESSAGE("no D term: " << no_d.summary());
     BOOST_TEST_MESSAGE("wrong log-sum-exp: " << wrong_lse.summary());
 }
 
-// The tape takes the one-pass backward (vjp_all) of the op and of the fault controls (so the
-// faults above are in the path the tape uses), and the per-input path only for the wrapper.
-template <class Op>
-constexpr bool has_vjp_all = requires(Inputs<double> in, const OpAttrs<double>& attrs, const Tensor<double>& t,
-                                      std::span<Tensor<double>* const> grads) {
-    Op::template vjp_all<double>(in, attrs, t, t, t, grads);
-};
-static_assert(has_vjp_all<FusedAttention>);
-static_assert(has_vjp_all<FusedAttentionOp<NoDTerm>>);
-static_assert(has_vjp_all<FusedAttentionOp<MaxInsteadOfLogSumExp>>);
-static_assert(!has_vjp_all<PerInputFusedAttention>);
+// The tape takes the one-pass backward (vjp_all) of the op and of the fault controls, so the
+// faults above are in the path the tape uses.
+static_assert(TapeOp<FusedAttention, double> && HasAllInputsVjp<FusedAttention, double>);
+static_assert(TapeOp<NoDTerm, double> && HasAllInputsVjp<NoDTerm, double>);
+static_assert(TapeOp<MaxInsteadOfLogSumExp, mp50> && HasAllInputsVjp<MaxInsteadOfLogSumExp, mp50>);
 
-// The one-pass backward (vjp_all) gives the per-input vjp's gradients: to 1e-12 in double and
-// 1e-40 in 50 digits (both sum the same terms in the same order, so they agree to rounding at
-// most), on every case of the table, with inputs that need no gradient (only some of dQ, dK, dV
-// requested), and on a size that crosses the default tiles with two threads.
+// Gradients requested in part (some of Q, K, V need none, so vjp_all skips dQ, dK or dS) equal
+// those of a full request bit for bit: each gradient is formed by the same operations in the same
+// order either way. On every case of the table, and on sizes that cross the default tiles with two
+// threads. And one leaf feeding Q, K and V receives the sum of the three contributions of one
+// vjp_all call (to 1e-12: only the order of that sum is the tape's).
 template <Scalar T>
-void one_pass_matches_per_input(const FusedCase& c, std::mt19937_64& rng, double tolerance) {
+void partial_requests_match_full(const FusedCase& c, std::mt19937_64& rng) {
     const Tensor<T> q = to<T>(random_tensor(c.q, rng)), k = to<T>(random_tensor(c.k, rng)),
                     v = to<T>(random_tensor(c.v, rng));
-    for (unsigned need = 1; need < 8; ++need) {  // which of Q, K, V need a gradient
-        Tape<T> one, per;
-        const std::array<Var<T>, 3> a{one.leaf(q, "Q", (need & 1) != 0), one.leaf(k, "K", (need & 2) != 0),
-                                      one.leaf(v, "V", (need & 4) != 0)};
-        const std::array<Var<T>, 3> b{per.leaf(q, "Q", (need & 1) != 0), per.leaf(k, "K", (need & 2) != 0),
-                                      per.leaf(v, "V", (need & 4) != 0)};
-        const Var<T> O_one = record_fused_attention<FusedAttention>(a[0], a[1], a[2], c.causal, c.offset, c.tiles);
-        const Var<T> O_per =
-            record_fused_attention<PerInputFusedAttention>(b[0], b[1], b[2], c.causal, c.offset, c.tiles);
-        BOOST_TEST((O_one.value() == O_per.value()));
-        const Tensor<T> G = to<T>(random_tensor(O_one.shape(), rng));
-        one.backward(O_one, G);
-        per.backward(O_per, G);
+    const Tensor<T> g = to<T>(random_tensor(c.q.with_matrix(c.q.rows(), c.v.cols()), rng));
+    std::array<Tensor<T>, 3> full;
+    for (unsigned need = 7; need >= 1; --need) {  // which of Q, K, V need a gradient; 7 (all) first
+        Tape<T> tape;
+        const std::array<Var<T>, 3> in{tape.leaf(q, "Q", (need & 1) != 0), tape.leaf(k, "K", (need & 2) != 0),
+                                       tape.leaf(v, "V", (need & 4) != 0)};
+        tape.backward(fused(c, in), g);
         for (std::size_t x = 0; x < 3; ++x) {
             if ((need & (1u << x)) == 0) continue;
+            if (need == 7) full[x] = in[x].grad();
             BOOST_TEST_CONTEXT("requested " << need << ", gradient of input " << x) {
-                BOOST_TEST(max_mixed_error(a[x].grad(), b[x].grad()) <= tolerance);
+                BOOST_TEST((in[x].grad() == full[x]));
             }
         }
     }
 }
 
-BOOST_AUTO_TEST_CASE(one_pass_backward_equals_per_input_backward) {
+BOOST_AUTO_TEST_CASE(gradients_requested_in_part_equal_a_full_request) {
     std::mt19937_64 rng(37);
     for (const FusedCase& c : fused_table) {
         BOOST_TEST_CONTEXT(c.name) {
-            one_pass_matches_per_input<double>(c, rng, 1e-12);
-            one_pass_matches_per_input<mp50>(c, rng, 1e-40);
+            partial_requests_match_full<double>(c, rng);
+            partial_requests_match_full<mp50>(c, rng);
         }
     }
-    const unsigned before = fused_attention_threads().load();
-    fused_attention_threads() = 2;
+    set_threads(2);
     const std::vector<FusedCase> large = {
         {"T=300, default tiles, causal", Shape{2, 300, 16}, Shape{2, 300, 16}, Shape{2, 300, 8}, true, 0, {}},
         {"Tq=200, Tk=330, tiles 32x48", Shape{2, 200, 8}, Shape{2, 330, 8}, Shape{2, 330, 4}, false, 0, {32, 48}},
         {"causal, offset 40, tiles 16x24", Shape{3, 100, 8}, Shape{3, 140, 8}, Shape{3, 140, 4}, true, 40, {16, 24}},
     };
     for (const FusedCase& c : large) {
-        BOOST_TEST_CONTEXT(c.name) { one_pass_matches_per_input<double>(c, rng, 1e-12); }
+        BOOST_TEST_CONTEXT(c.name) { partial_requests_match_full<double>(c, rng); }
     }
-    fused_attention_threads() = before;
-    // One leaf feeding Q, K and V: the tape sums the three contributions of one vjp_all call.
+    set_threads(0);
     const Tensor<double> x = random_tensor(Shape{2, 7, 3}, rng);
-    Tape<double> one, per;
-    const Var<double> X1 = one.leaf(x), X2 = per.leaf(x);
-    const Var<double> O1 = record_fused_attention<FusedAttention>(X1, X1, X1, true, 0, FusedAttentionTiles{2, 3});
-    const Var<double> O2 =
-        record_fused_attention<PerInputFusedAttention>(X2, X2, X2, true, 0, FusedAttentionTiles{2, 3});
-    const Tensor<double> G = random_tensor(O1.shape(), rng);
-    one.backward(O1, G);
-    per.backward(O2, G);
-    BOOST_TEST(max_mixed_error(X1.grad(), X2.grad()) <= 1e-12);
+    Tape<double> shared, separate;
+    const Var<double> X = shared.leaf(x);
+    const std::array<Var<double>, 3> in{separate.leaf(x), separate.leaf(x), separate.leaf(x)};
+    const FusedCase c{"one leaf feeding Q, K and V", x.shape(), x.shape(), x.shape(), true, 0, {2, 3}};
+    const Tensor<double> G = random_tensor(x.shape(), rng);
+    shared.backward(fused(c, std::array<Var<double>, 3>{X, X, X}), G);
+    separate.backward(fused(c, in), G);
+    Tensor<double> sum(x.shape(), 0.0);
+    for (std::size_t k = 0; k < sum.size(); ++k) sum[k] = in[0].grad()[k] + in[1].grad()[k] + in[2].grad()[k];
+    BOOST_TEST(max_mixed_error(X.grad(), sum) <= 1e-12);
 }
 
 // The accuracy rule: against a 50-digit reference (the composed graph on a 50-digit tape), the
@@ -477,17 +477,16 @@ BOOST_AUTO_TEST_CASE(results_are_identical_for_one_and_two_threads) {
     std::mt19937_64 rng(29);
     const Tensor<double> q = random_tensor(Shape{2, 300, 16}, rng), k = random_tensor(Shape{2, 300, 16}, rng),
                          v = random_tensor(Shape{2, 300, 8}, rng), g = random_tensor(Shape{2, 300, 8}, rng);
-    const unsigned before = fused_attention_threads().load();
     std::array<std::array<Tensor<double>, 4>, 2> results;
     for (unsigned threads = 1; threads <= 2; ++threads) {
-        fused_attention_threads() = threads;
+        set_threads(threads);
         Tape<double> tape;
         const Var<double> Q = tape.leaf(q), K = tape.leaf(k), V = tape.leaf(v);
         const Var<double> O = fused_attention(Q, K, V, true, 0);
         tape.backward(O, g);
         results[threads - 1] = {O.value(), Q.grad(), K.grad(), V.grad()};
     }
-    fused_attention_threads() = before;
+    set_threads(0);  // back to the default, every core
     for (std::size_t x = 0; x < 4; ++x) BOOST_TEST((results[0][x] == results[1][x]), "result " << x);
 }
 

@@ -4,7 +4,7 @@
 #define BOOST_TEST_MODULE graphviz
 #include "support.hpp"
 
-#include "autodiff/graphviz.hpp"
+#include "io/graphviz.hpp"
 
 #include <cstdlib>
 #include <filesystem>

@@ -32,14 +32,14 @@ BOOST_AUTO_TEST_CASE(threaded_products_match_one_thread_and_the_reference_loop) 
         const std::vector<double> reference(C_long.begin(), C_long.end());
 
         std::vector<double> one(m * n), two(m * n);
-        kernels::gemm_threads() = 1;
+        set_threads(1);
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), one.data(), false);
-        kernels::gemm_threads() = 2;
+        set_threads(2);
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), two.data(), false);
         // Accumulate mode adds onto what is there: C + A·B = 2·(A·B).
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), two.data(), true);
         for (double& x : two) x /= 2;
-        kernels::gemm_threads() = 0;
+        set_threads(0);
         // Sums of k = 200 products of values in [-1, 1]: rounding below k·u·(sum of |terms|) ≈ 2e-12.
         BOOST_TEST(max_mixed(one, reference) <= 1e-12);
         BOOST_TEST(max_mixed(two, reference) <= 1e-12);

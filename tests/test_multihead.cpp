@@ -4,6 +4,7 @@
 // several heads, causality, and the fused-kernel switch's usage errors.
 #define BOOST_TEST_MODULE multihead
 #include "support.hpp"
+#include "examples/retrieval.hpp"
 
 #include <cmath>
 #include <iostream>
@@ -100,7 +101,7 @@ BOOST_AUTO_TEST_CASE(a_bigger_model_passes_the_fast_check) {
          {"W_O", random_tensor(Shape{16, 16}, rng, 0.5)}},
         fast);
     BOOST_TEST(report.passed, report.summary());
-    BOOST_TEST(report.mode == "fast");  // no direction disagreed, so no fallback was needed
+    BOOST_TEST(report.mode == CheckMode::fast);  // no direction disagreed, so no fallback was needed
 }
 
 BOOST_AUTO_TEST_CASE(tied_query_and_key_weights_sum_both_paths) {

@@ -4,7 +4,7 @@
 #define BOOST_TEST_MODULE npy
 #include "support.hpp"
 
-#include "autodiff/npy.hpp"
+#include "io/npy.hpp"
 
 #include <fmt/ranges.h>
 

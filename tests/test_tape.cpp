@@ -63,10 +63,9 @@ namespace {
 struct CountingScale : Scale {
     static inline int vjp_calls = 0;
     template <Scalar T>
-    static void vjp(Inputs<T> in, const OpAttrs<T>& attrs, const Tensor<T>& out, const Tensor<T>& saved,
-                    const Tensor<T>& G, std::size_t which, Tensor<T>& grad) {
+    static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
         ++vjp_calls;
-        Scale::vjp(in, attrs, out, saved, G, which, grad);
+        Scale::vjp(s, at, which, grad);
     }
 };
 
@@ -77,11 +76,11 @@ BOOST_AUTO_TEST_CASE(vjps_nobody_needs_are_skipped) {
     Tape<double> tape;
     const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 2}}));
     const Var<double> C = tape.constant(Tensor<double>::matrix({{3, 4}}));
-    const Var<double> constant_branch = tape.record<CountingScale>({C}, {2.0, {}});
+    const Var<double> constant_branch = tape.record<CountingScale>({C}, {2.0});
     tape.backward(sum(mul(X, constant_branch)));
     BOOST_TEST(CountingScale::vjp_calls == 0);
     tape.zero_grad();
-    const Var<double> live_branch = tape.record<CountingScale>({X}, {2.0, {}});
+    const Var<double> live_branch = tape.record<CountingScale>({X}, {2.0});
     tape.backward(sum(live_branch));
     BOOST_TEST(CountingScale::vjp_calls == 1);
 }
@@ -127,4 +126,51 @@ BOOST_AUTO_TEST_CASE(nan_never_leaks_unannounced) {
     BOOST_CHECK_EXCEPTION(softmax(S), value_error, [](const value_error& e) {
         return std::string(e.what()).find("softmax") != std::string::npos;
     });
+}
+
+namespace {
+
+// An op with both hooks, and one derived from it that overrides only vjp (as a test's faulty
+// variant does).
+struct WithHooks {
+    static constexpr std::string_view name = "with hooks";
+    using Settings = NoSettings;
+    using hooks_of = WithHooks;
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
+        out = *in[0];
+    }
+    template <Scalar T>
+    static void vjp_all(const Settings&, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        if (grads[0] != nullptr) *grads[0] = at.G;
+    }
+    template <Scalar T>
+    static bool update(const Settings&, Inputs<T>, Inputs<T>, const Tensor<T>&, Tensor<T>&) {
+        return false;
+    }
+};
+
+struct DerivedOverridingVjp : WithHooks {
+    static constexpr std::string_view name = "derived";
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& din) {
+        din = at.G;
+        for (T& x : din.data()) x *= 2;
+    }
+};
+
+}  // namespace
+
+// Optional hooks count only where the op declares them itself: the derived op gets neither its
+// base's all-inputs backward nor its replay update, so its own vjp is the one the tape calls.
+BOOST_AUTO_TEST_CASE(hooks_are_declared_by_the_op_itself_not_inherited) {
+    static_assert(HasAllInputsVjp<WithHooks, double> && HasUpdate<WithHooks, double>);
+    static_assert(!HasAllInputsVjp<DerivedOverridingVjp, double> && !HasUpdate<DerivedOverridingVjp, double>);
+    static_assert(HasPerInputVjp<DerivedOverridingVjp, double> && TapeOp<DerivedOverridingVjp, double>);
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 2}}));
+    tape.backward(sum(tape.record<DerivedOverridingVjp>({X})));
+    BOOST_TEST(X.grad() == Tensor<double>::matrix({{2, 2}}));
+    BOOST_TEST((op_kind_of<DerivedOverridingVjp, double>.update == nullptr));
+    BOOST_TEST((op_kind_of<WithHooks, double>.update != nullptr));
 }

@@ -1,4 +1,4 @@
-// Shape checks shared by the ops' public functions. Each raises shape_error with a message that
+// Argument checks shared by the ops' public functions (and by the models built on them). Each raises shape_error with a message that
 // names the op, the argument and its shape, so a user sees "matmul: inner dimensions differ:
 // A is [2x3], B is [4x2]" rather than a crash or an out-of-bounds read.
 #pragma once
@@ -38,6 +38,30 @@ void same_shape(std::string_view op, const Var<T>& a, const Var<T>& b) {
     if (!(a.shape() == b.shape())) {
         throw shape_error(fmt::format("{}: shapes differ: {} and {}", op, a.shape().to_string(),
                                       b.shape().to_string()));
+    }
+}
+
+// Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r]: matrices with the same leading dimensions, one
+// width d for queries and keys, one value row per key. Used by fused_attention and by every
+// attention composition in models/, so both refuse the same inputs with the same words.
+template <Scalar T>
+void attention_inputs(std::string_view op, const Var<T>& Q, const Var<T>& K, const Var<T>& V) {
+    matrix(op, "Q", Q);
+    matrix(op, "K", K);
+    matrix(op, "V", V);
+    const Shape& q = Q.shape();
+    const Shape& k = K.shape();
+    const Shape& v = V.shape();
+    if (!q.same_batch(k) || !k.same_batch(v)) {
+        throw shape_error(fmt::format("{}: Q, K and V need the same leading dimensions: Q is {}, K is {}, V is {}", op,
+                                      q.to_string(), k.to_string(), v.to_string()));
+    }
+    if (q.cols() != k.cols()) {
+        throw shape_error(fmt::format("{}: queries and keys need one width d: Q is {}, K is {}", op, q.to_string(),
+                                      k.to_string()));
+    }
+    if (k.rows() != v.rows()) {
+        throw shape_error(fmt::format("{}: one value per key: K is {}, V is {}", op, k.to_string(), v.to_string()));
     }
 }
 

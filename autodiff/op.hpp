@@ -1,0 +1,188 @@
+// The op contract: what a struct must provide to be recorded on a tape, and the type-erased form
+// (OpKind) the tape calls it through. The tape knows no op; it only knows this contract.
+//
+// An op is a struct in its own file under ops/ (see ops/scale.hpp for a small one):
+//
+//   struct Scale {
+//       static constexpr std::string_view name = "scale";
+//       template <Scalar T> struct Settings { T c; };      // or `using Settings = NoSettings;`
+//       template <Scalar T>
+//       static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
+//       template <Scalar T>
+//       static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din);
+//   };
+//
+// * Settings: the op's typed settings (a factor, flags, indices), stored with the node so the
+//   forward can be replayed. Either a plain struct or a template over the scalar type (a factor
+//   such as 1/√d must be held in the tape's own precision). No settings: `using Settings = NoSettings;`.
+// * forward: writes the output (resizing `out`) and whatever the VJP needs beyond the output and
+//   the inputs into `saved` (left empty by most ops).
+// * vjp: writes into `din` (already shaped like input `which`) that input's contribution
+//   dJ/d(input) given the upstream gradient at.G. The op writes; the tape adds (one accumulate
+//   step, so a value used by several ops gets the sum of its branches). The tape only asks for
+//   inputs that need a gradient.
+// * Optional, and only when the op declares them itself with `using hooks_of = <the op>;` (a
+//   struct derived from an op, such as a test's deliberately broken variant, names a different
+//   type and so inherits none of its base's hooks):
+//     - `vjp_all(settings, at, grads)` in place of `vjp`: every input's contribution in one call,
+//       for an op whose per-input VJPs share most of their work; grads[k] is nullptr when input k
+//       needs no gradient. An op has exactly one of vjp and vjp_all.
+//     - `update(settings, before, after, out_before, out) -> bool`: replays the op after some inputs
+//       changed, from the recorded inputs and output, doing work only for what changed (the
+//       checker's 50-digit replays). Returns false to decline (the replay then calls forward).
+//       INVARIANT: the result equals `forward` on `after` to rounding in the last digit; the op
+//       tables (tests/support.hpp, check_op_seeded) compare every op's replays with a fresh forward.
+// * Optional, and may be inherited (it reports, it changes no result): `cost(settings, in) -> OpCost`,
+//   the multiply-adds of forward and backward, for cost reports (tests/test_cost.cpp).
+#pragma once
+
+#include "autodiff/tensor.hpp"
+
+#include <any>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+
+namespace tapegrad {
+
+// The input tensors of one op, in order.
+template <Scalar T>
+using Inputs = std::span<const Tensor<T>* const>;
+
+// What a VJP reads, by name (so no two tensors can be swapped by position).
+template <Scalar T>
+struct VjpArgs {
+    Inputs<T> in;            // the op's inputs, in order
+    const Tensor<T>& out;    // its output
+    const Tensor<T>& saved;  // what forward saved beyond the output (empty for most ops)
+    const Tensor<T>& G;      // the upstream gradient dJ/d(out), shaped like out
+};
+
+// The settings of an op that has none.
+struct NoSettings {};
+
+// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
+struct OpCost {
+    std::uint64_t forward_madds = 0;
+    std::uint64_t backward_madds = 0;
+};
+
+namespace detail {
+template <class Op, class T>
+struct settings_of {
+    using type = NoSettings;
+};
+template <class Op, class T>
+    requires requires { typename Op::Settings; }
+struct settings_of<Op, T> {
+    using type = typename Op::Settings;
+};
+template <class Op, class T>
+    requires requires { typename Op::template Settings<T>; }
+struct settings_of<Op, T> {
+    using type = typename Op::template Settings<T>;
+};
+}  // namespace detail
+
+// Op's settings type for scalar type T.
+template <class Op, class T>
+using SettingsOf = typename detail::settings_of<Op, T>::type;
+
+// True when Op itself (not a base it derives from) declares its optional hooks.
+template <class Op>
+concept DeclaresHooks = requires { typename Op::hooks_of; } && std::same_as<typename Op::hooks_of, Op>;
+
+template <class Op, class T>
+concept HasPerInputVjp = requires(const SettingsOf<Op, T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din) {
+    Op::template vjp<T>(s, at, which, din);
+};
+
+template <class Op, class T>
+concept HasAllInputsVjp = DeclaresHooks<Op> &&
+                          requires(const SettingsOf<Op, T>& s, const VjpArgs<T>& at, std::span<Tensor<T>* const> g) {
+                              Op::template vjp_all<T>(s, at, g);
+                          };
+
+template <class Op, class T>
+concept HasUpdate = DeclaresHooks<Op> && requires(const SettingsOf<Op, T>& s, Inputs<T> in, const Tensor<T>& t,
+                                                  Tensor<T>& out) {
+    { Op::template update<T>(s, in, in, t, out) } -> std::same_as<bool>;
+};
+
+// What an op struct provides, for scalar type T: a name, a forward, and exactly one backward.
+template <class Op, class T>
+concept TapeOp = Scalar<T> && std::copy_constructible<SettingsOf<Op, T>> &&
+                 requires(const SettingsOf<Op, T>& s, Inputs<T> in, Tensor<T>& out) {
+                     { Op::name } -> std::convertible_to<std::string_view>;
+                     Op::template forward<T>(s, in, out, out);
+                 } && (HasPerInputVjp<Op, T> != HasAllInputsVjp<Op, T>);
+
+// The type-erased form of an op, built once per (op, scalar type) from the op's struct. The
+// node's settings are held in a std::any of the op's Settings type.
+template <Scalar T>
+struct OpKind {
+    std::string_view name;
+    void (*forward)(const std::any& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
+    // Every input's contribution; grads[k] is nullptr when input k needs none. For an op that
+    // writes per-input VJPs this is generated: one vjp call per requested input.
+    void (*vjp_all)(const std::any& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
+    // nullptr when the op has no update hook.
+    bool (*update)(const std::any& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
+                   Tensor<T>& out);
+    OpCost (*cost)(const std::any& settings, Inputs<T> in);
+};
+
+namespace detail {
+template <class Op, Scalar T>
+const SettingsOf<Op, T>& settings_cast(const std::any& settings) {
+    return *std::any_cast<SettingsOf<Op, T>>(&settings);
+}
+
+template <class Op, Scalar T>
+void vjp_all_of(const std::any& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+    const SettingsOf<Op, T>& s = settings_cast<Op, T>(settings);
+    if constexpr (HasAllInputsVjp<Op, T>) {
+        Op::template vjp_all<T>(s, at, grads);
+    } else {
+        for (std::size_t which = 0; which < grads.size(); ++which) {
+            if (grads[which] != nullptr) Op::template vjp<T>(s, at, which, *grads[which]);
+        }
+    }
+}
+
+template <class Op, Scalar T>
+constexpr auto update_of() {
+    using Update = bool (*)(const std::any&, Inputs<T>, Inputs<T>, const Tensor<T>&, Tensor<T>&);
+    if constexpr (HasUpdate<Op, T>) {
+        return Update{[](const std::any& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
+                         Tensor<T>& out) {
+            return Op::template update<T>(settings_cast<Op, T>(settings), before, after, out_before, out);
+        }};
+    } else {
+        return Update{nullptr};
+    }
+}
+}  // namespace detail
+
+template <class Op, Scalar T>
+    requires TapeOp<Op, T>
+inline constexpr OpKind<T> op_kind_of{
+    Op::name,
+    [](const std::any& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved) {
+        Op::template forward<T>(detail::settings_cast<Op, T>(settings), in, out, saved);
+    },
+    &detail::vjp_all_of<Op, T>,
+    detail::update_of<Op, T>(),
+    [](const std::any& settings, Inputs<T> in) -> OpCost {
+        if constexpr (requires(const SettingsOf<Op, T>& s) { Op::template cost<T>(s, in); }) {
+            return Op::template cost<T>(detail::settings_cast<Op, T>(settings), in);
+        } else {
+            return OpCost{};
+        }
+    },
+};
+
+}  // namespace tapegrad

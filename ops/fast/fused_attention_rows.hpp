@@ -1,0 +1,89 @@
+// Row kernels of the fused attention op (ops/fused_attention.hpp), here only for speed: the
+// elementwise work on a tile row (exp above all) would otherwise cost as much as the tile products.
+// float and double go through Eigen's vectorised arrays; any other scalar (the 50-digit reference
+// type) takes a plain loop with the ADL functions of its own precision.
+// INVARIANT: each kernel computes the same expression per element as its plain loop and as the
+// composed graph's ops, so the vectorised results equal the generic ones to rounding (Eigen's exp
+// is within an ulp or two of std::exp; sums may be added in a different order).
+#pragma once
+
+#include "autodiff/tensor.hpp"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <cstddef>
+#include <type_traits>
+
+namespace tapegrad::fused_detail {
+
+template <Scalar T>
+inline constexpr bool vectorised = std::is_same_v<T, double> || std::is_same_v<T, float>;
+template <Scalar T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <Scalar T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// x[k] = exp(x[k] − shift) for k < n.
+template <Scalar T>
+void exp_shifted(T* x, std::size_t n, const T& shift) {
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(x, Eigen::Index(n));
+        a = (a - shift).exp();
+    } else {
+        using std::exp;
+        for (std::size_t k = 0; k < n; ++k) x[k] = exp(T(x[k] - shift));
+    }
+}
+
+// x[k] = c·x[k] for k < n; returns the first k with a non-finite result, or n.
+template <Scalar T>
+std::size_t scale_checked(T* x, std::size_t n, const T& c) {
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(x, Eigen::Index(n));
+        a *= c;
+        if (a.isFinite().all()) return n;
+    } else {
+        for (std::size_t k = 0; k < n; ++k) x[k] = T(c * x[k]);
+    }
+    for (std::size_t k = 0; k < n; ++k)
+        if (!is_finite(x[k])) return k;
+    return n;
+}
+
+// max(start, x[0..n)).
+template <Scalar T>
+T max_of(const T* x, std::size_t n, const T& start) {
+    if constexpr (vectorised<T>) {
+        return n == 0 ? start : std::max(start, ConstArrayMap<T>(x, Eigen::Index(n)).maxCoeff());
+    } else {
+        T best = start;
+        for (std::size_t k = 0; k < n; ++k) best = std::max(best, x[k]);
+        return best;
+    }
+}
+
+// Σ x[0..n).
+template <Scalar T>
+T sum_of(const T* x, std::size_t n) {
+    if constexpr (vectorised<T>) {
+        return ConstArrayMap<T>(x, Eigen::Index(n)).sum();
+    } else {
+        T total(0);
+        for (std::size_t k = 0; k < n; ++k) total += x[k];
+        return total;
+    }
+}
+
+// p[k] = c·(p[k]·(dp[k] − mean)) for k < n: softmax's VJP, then the scale's.
+template <Scalar T>
+void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T& c) {
+    if constexpr (vectorised<T>) {
+        ArrayMap<T> a(p, Eigen::Index(n));
+        a = c * (a * (ConstArrayMap<T>(dp, Eigen::Index(n)) - mean));
+    } else {
+        for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
+    }
+}
+
+}  // namespace tapegrad::fused_detail

@@ -1,0 +1,74 @@
+// Speed only: softmax's vectorised row for float/double and its replay update (the `update` hook
+// of autodiff/op.hpp), kept out of ops/softmax.hpp so that the op file reads as its formula,
+// forward and VJP.
+// Invariant (autodiff/op.hpp): both give what the generic row in Softmax::normalise_row gives, to
+// rounding in the last digit (the op tables compare replays with a fresh forward, tests/support.hpp; the op tables
+// hold the double row to the 50-digit one).
+#pragma once
+
+#include "autodiff/op.hpp"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <limits>
+
+namespace tapegrad::fast {
+
+// weights = exp(scores − row_max) / Σ exp(scores − row_max) for one row of n finite-or-−inf scores
+// in float/double: Eigen's vectorised exp (within an ulp or two of std::exp, several times
+// faster). Eigen clamps −inf to a tiny number, so hidden positions are set to exactly 0 before
+// the division.
+template <class T>
+void softmax_row_vectorised(const T* scores, std::size_t n, const T& row_max, T* weights) {
+    using Row = Eigen::Array<T, 1, Eigen::Dynamic>;
+    const Eigen::Map<const Row> s(scores, Eigen::Index(n));
+    Eigen::Map<Row> w(weights, Eigen::Index(n));
+    w = (s - row_max).exp();
+    for (std::size_t j = 0; j < n; ++j)
+        if (scores[j] == -std::numeric_limits<T>::infinity()) weights[j] = T(0);
+    w /= w.sum();
+}
+
+// Replay of one row after its scores moved (the checker perturbs one coordinate by h ≤ 1e-14 at
+// a time). A row whose scores moved by small δ_j = S'_ij − S_ij is updated without exp:
+//   A'_ij = A_ij·e^δ_j / Σ_k A_ik·e^δ_k   (the max and Z cancel),
+// with e^δ from its Taylor series, summed until a term drops below 1e-55 (|δ| ≤ 1e-6, so at most
+// 9 terms; truncation < 1e-60). A 50-digit exp costs about a hundred products; this costs a few.
+// Returns false for larger moves, or moves to or from −inf: the caller then normalises the row.
+template <Scalar T>
+bool softmax_row_update(const T* s_old, const T* s_new, const T* a_old, std::size_t n, T* a_new) {
+    using std::abs;
+    static const std::array<T, 16> inverse = [] {
+        std::array<T, 16> values{};
+        for (std::size_t k = 1; k < values.size(); ++k) values[k] = T(1) / T(k);
+        return values;
+    }();
+    const T small_move(1e-6), negligible(1e-55);
+    T total(0);
+    for (std::size_t j = 0; j < n; ++j) {
+        if (s_new[j] == s_old[j]) {
+            a_new[j] = a_old[j];
+        } else if (is_finite(s_new[j]) && is_finite(s_old[j]) && T(abs(s_new[j] - s_old[j])) <= small_move) {
+            const T delta = s_new[j] - s_old[j];
+            T term(1), growth(1);  // e^δ = Σ δ^k / k!
+            for (std::size_t k = 1; k < inverse.size() && T(abs(term)) >= negligible; ++k) {
+                term *= delta;
+                term *= inverse[k];
+                growth += term;
+            }
+            a_new[j] = a_old[j] * growth;
+        } else {
+            return false;
+        }
+        total += a_new[j];
+    }
+    if (!(total > T(0))) return false;
+    const T scale = T(1) / total;
+    for (std::size_t j = 0; j < n; ++j) a_new[j] *= scale;
+    return true;
+}
+
+}  // namespace tapegrad::fast
