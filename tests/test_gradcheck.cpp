@@ -9,16 +9,16 @@ using namespace tapegrad;
 namespace {
 
 // exp-free op with a deliberately wrong VJP: Y = 3X but dX = 2G.
-struct TripleWithWrongVjp : Scale {
+struct TripleWithWrongVjp {
     static constexpr std::string_view name = "triple (wrong VJP)";
     template <Scalar T>
-    static void forward(Inputs<T> in, const OpAttrs<T>&, Tensor<T>& out, Tensor<T>&) {
+    static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         out.resize(in[0]->shape());
         for (std::size_t k = 0; k < out.size(); ++k) out[k] = 3 * (*in[0])[k];
     }
     template <Scalar T>
-    static void vjp(Inputs<T>, const OpAttrs<T>&, const Tensor<T>&, const Tensor<T>&, const Tensor<T>& G,
-                    std::size_t, Tensor<T>& grad) {
+    static void vjp(const NoSettings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
+        const Tensor<T>& G = at.G;
         for (std::size_t k = 0; k < G.size(); ++k) grad[k] = 2 * G[k];
     }
 };
@@ -81,9 +81,36 @@ BOOST_AUTO_TEST_CASE(fast_mode_checks_a_larger_attention_graph) {
         options);
     BOOST_TEST_MESSAGE(report.summary());
     BOOST_TEST(report.passed, report.summary());
-    BOOST_TEST(report.mode == "fast");
+    BOOST_TEST(report.mode == CheckMode::fast);
     BOOST_TEST(report.coordinates == 3u);
     BOOST_TEST(report.max_error_mp <= 1e-25);
     BOOST_TEST(report.branches.size() == 3u);
     BOOST_TEST(report.failed_branches().empty());
+}
+
+BOOST_AUTO_TEST_CASE(the_report_prints_modes_and_sources_in_the_same_words) {
+    // Tools and logs read these words: the enums must print exactly what the report always said.
+    CheckOptions options;
+    options.mode = CheckOptions::Mode::fast;
+    const CheckReport report = check_gradients(
+        [](auto in) {
+            auto [W] = in;
+            return sum(W.tape().template record<TripleWithWrongVjp>({W}));
+        },
+        {{"W", Tensor<double>::matrix({{1, 2}})}}, options);
+    BOOST_TEST(!report.passed);
+    BOOST_TEST(report.mode == CheckMode::fast_then_full);
+    BOOST_TEST_REQUIRE(!report.worst.empty());
+    BOOST_TEST(report.worst.front().source == Source::mp_tape);
+    const std::string text = report.summary();
+    for (const char* expected : {"(fast, then full mode, seed", "analytic (50-digit tape) = 2"}) {
+        BOOST_TEST(text.find(expected) != std::string::npos, "report lacks '" << expected << "':\n" << text);
+    }
+    BOOST_TEST(to_string(CheckMode::full) == "full");
+    BOOST_TEST(to_string(CheckMode::fast) == "fast");
+    BOOST_TEST(to_string(CheckMode::fast_then_full) == "fast, then full");
+    BOOST_TEST(to_string(CheckMode::consistency) == "consistency");
+    BOOST_TEST(to_string(Source::mp_tape) == "50-digit tape");
+    BOOST_TEST(to_string(Source::double_tape) == "double tape");
+    BOOST_TEST(to_string(Source::step_agreement) == "step agreement");
 }
