@@ -2,6 +2,7 @@
 //   Q = X_q·W_Q, K = X_kv·W_K, V = X_kv·W_V            X [B, T, D] (or [T, D]); W_Q, W_K [D × H·dh], W_V [D × H·dv]
 //   Q_h, K_h, V_h = split_heads(...)                     [B, H, T, dh]: heads become batch matrices
 //   O_h = softmax(mask(Q_h·K_hᵀ/√dh))·V_h                per head, scaled by the head width dh
+//                                                        (masked_attention, models/attention.hpp)
 //   Y = merge_heads(O_h)·W_O                              W_O [H·dv × D_out] -> Y [B, Tq, D_out]
 // Options: causal masking with a query offset (queries X_q are the block at absolute positions
 // query_offset.., keys and values X_kv the whole history), per-sequence lengths (padding, see
@@ -11,7 +12,7 @@
 // supports causal masking and the offset only).
 #pragma once
 
-#include "models/causal_attention.hpp"
+#include "models/attention.hpp"
 #include "models/masks.hpp"
 #include "ops/fused_attention.hpp"
 #include "ops/matmul.hpp"
@@ -133,7 +134,7 @@ MultiHeadResult<T> multihead_attention(const Var<T>& X_query, const Var<T>& X_me
             !options.lengths.empty()
                 ? padding_mask(options.lengths, Tq, Tk, options.query_offset, options.causal, H)
                 : (options.causal ? causal_mask(Tq, Tk, options.query_offset) : Tensor<double>(Shape{Tq, Tk}, 1.0));
-        const CausalAttentionResult<T> heads = masked_attention(Q, K, V, M, options.dropout);
+        const AttentionResult<T> heads = masked_attention(Q, K, V, M, options.dropout);
         result.A = heads.A;
         result.O = heads.O;
     }

@@ -5,7 +5,7 @@
 #define BOOST_TEST_MODULE cli
 #include "support.hpp"
 
-#include "autodiff/npy.hpp"
+#include "io/npy.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -93,15 +93,8 @@ void expect_bitwise_equal(const Tensor<double>& a, const Tensor<double>& b, cons
 void expect_outputs_match(const Workspace& w, const Problem& p, bool causal) {
     Tape<double> tape;
     const Var<double> X = tape.leaf(p.X), Wq = tape.leaf(p.Wq), Wk = tape.leaf(p.Wk), Wv = tape.leaf(p.Wv);
-    const Var<double> Q = matmul(X, Wq), K = matmul(X, Wk), V = matmul(X, Wv);
-    Var<double> S = scale(matmul(Q, transpose(K)), inv_sqrt<double>(p.Wq.cols()));
-    if (causal) {
-        Tensor<double> M(Shape{p.X.rows(), p.X.rows()});
-        for (std::size_t i = 0; i < M.rows(); ++i)
-            for (std::size_t j = 0; j <= i; ++j) M(i, j) = 1.0;
-        S = mask(S, tape.constant(M));
-    }
-    const Var<double> A = softmax(S), O = matmul(A, V);
+    const AttentionResult<double> attended = causal ? causal_attention(X, Wq, Wk, Wv) : attention(X, Wq, Wk, Wv);
+    const Var<double> A = attended.A, O = attended.O;
     const Var<double> J = sum(mul(O, tape.constant(p.G)));
     tape.backward(J);
     expect_bitwise_equal(load_npy(w.outputs / "O.npy"), O.value(), "O");

@@ -1,9 +1,10 @@
-// tapegrad-attention: single-head attention forward and backward on .npy files, for
-// cross-checking tapegrad against NumPy or PyTorch. See `tapegrad-attention --help`.
+// tapegrad-attention: single-head attention (models/attention.hpp, optionally causal) forward and
+// backward on .npy files, for cross-checking tapegrad against NumPy or PyTorch. See
+// `tapegrad-attention --help`.
 // Everything is computed (and checked, with --check) before any output is written; outputs go
 // to temporary files that are renamed into place only when all of them were written, so an
 // error never leaves partial outputs behind. Every error is one line on stderr and an exit code.
-#include "autodiff/npy.hpp"
+#include "io/npy.hpp"
 #include "tapegrad.hpp"
 
 #include <boost/program_options.hpp>
@@ -101,34 +102,19 @@ Inputs load_inputs(const fs::path& dir) {
     return in;
 }
 
-// 1 on and below the diagonal (key j visible to query i when j <= i), 0 above.
-template <Scalar T>
-Tensor<T> causal_pattern(std::size_t tokens) {
-    Tensor<T> M(Shape{tokens, tokens}, T(0));
-    for (std::size_t i = 0; i < tokens; ++i)
-        for (std::size_t j = 0; j <= i; ++j) M(i, j) = T(1);
-    return M;
-}
-
 template <Scalar T>
 struct Outputs {
     Var<T> A, O, J;
 };
 
 // The graph, for any scalar type: the tool's double run and the checker's two tapes share it.
+// Attention itself is the library's (models/attention.hpp); the tool adds the probe J.
 template <Scalar T>
 Outputs<T> attention_probe(const Var<T>& X, const Var<T>& Wq, const Var<T>& Wk, const Var<T>& Wv,
                            const Tensor<double>& G, bool causal) {
-    Tape<T>& tape = X.tape();
-    const Var<T> Q = matmul(X, Wq).named("Q");
-    const Var<T> K = matmul(X, Wk).named("K");
-    const Var<T> V = matmul(X, Wv).named("V");
-    Var<T> S = scale(matmul(Q, transpose(K)), inv_sqrt<T>(Q.shape().cols())).named("S");
-    if (causal) S = mask(S, tape.constant(causal_pattern<T>(S.shape().rows()), "causal")).named("S masked");
-    const Var<T> A = softmax(S).named("A");
-    const Var<T> O = matmul(A, V).named("O");
-    const Var<T> J = sum(mul(O, tape.constant(tensor_cast<T>(G), "G"))).named("J");
-    return {A, O, J};
+    const AttentionResult<T> attn = causal ? causal_attention(X, Wq, Wk, Wv) : attention(X, Wq, Wk, Wv);
+    const Var<T> J = sum(mul(attn.O, X.tape().constant(tensor_cast<T>(G), "G"))).named("J");
+    return {attn.A, attn.O, J};
 }
 
 // Writes every file under a temporary name, then renames them all into place; on failure
