@@ -1,11 +1,14 @@
 // Helpers shared by the tests: seeded random tensors, a random probe that turns any output into
-// a scalar J = Σ Y ∘ G, and a one-line way to push an op through the generic checker.
+// a scalar J = Σ Y ∘ G, and a one-line way to push an op through the generic checker and through
+// an explicit upstream seed on its own output (the op tables).
 #pragma once
 
 #include "tapegrad.hpp"
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <ostream>
 #include <random>
@@ -39,15 +42,96 @@ Var<T> probe(const Var<T>& Y) {
     return sum(mul(Y, G));
 }
 
+// Drives `op` by an explicit upstream seed on its own output, in 50 digits: a random G over every
+// output entry (hidden and dropped ones included) goes through tape.backward(Y, G), and each
+// leaf coordinate's VJP is compared with the central difference of Σ_k G_k·Y_k, summed over the
+// entries of Y that move (an entry the forward holds constant, −inf where mask hides a score or 0
+// where dropout dropped one, contributes nothing). So a VJP that leaks gradient where its output
+// is constant fails here, even when a downstream op (softmax after mask) would hide the leak from
+// a scalar loss. Threshold 1e-25 on the mixed error, as the checker's: the step h = 1e-16 gives a
+// truncation error of about h²·|third derivative|/6 ≈ 1e-33 and rounding of about 1e-50/h = 1e-34.
+// Each replay is also compared with a fresh recording of the moved inputs, at the checker's step
+// and at a large one (0.25): replays run an op's `update` hook when it has one, and autodiff/op.hpp
+// requires it to equal `forward` to rounding. 50-digit results carry ~1e-49 relative rounding and
+// the two orders of summation may differ by a few units of that, so 1e-45 is the bound (a wrong
+// update misses by about the size of the change, ≥ 1e-20 here).
+template <std::size_t N, class Op>
+CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+    CheckReport report;
+    Tape<mp50> tape;
+    std::array<Var<mp50>, N> leaves;
+    for (std::size_t l = 0; l < N; ++l) leaves[l] = tape.leaf(tensor_cast<mp50>(values[l]), fmt::format("x{}", l));
+    const Var<mp50> Y = op(leaves);
+    const Tensor<mp50> G = tensor_cast<mp50>(random_tensor(Y.shape(), rng));
+    tape.backward(Y, G);
+    ReplayWorkspace<mp50> work;
+    const mp50 h(1e-16);
+    const auto mixed = [](const mp50& a, const mp50& n) {
+        return to_double(mp50(abs(a - n) / std::max(mp50(1), mp50(abs(n)))));
+    };
+    // Y with coordinate c of leaf l moved by `step`, by replay, checked against a fresh recording.
+    const auto moved_output = [&](std::size_t l, std::size_t c, const mp50& step) {
+        Tensor<mp50> moved = leaves[l].value();
+        moved[c] += step;
+        const Tape<mp50>::Replacement replacement{leaves[l], &moved, std::nullopt};
+        Tensor<mp50> replayed = tape.replay(Y, std::span(&replacement, 1), work);
+        Tape<mp50> fresh;
+        std::array<Var<mp50>, N> fresh_leaves;
+        for (std::size_t k = 0; k < N; ++k) fresh_leaves[k] = fresh.leaf(k == l ? moved : leaves[k].value());
+        const Tensor<mp50> recorded = op(fresh_leaves).value();
+        for (std::size_t k = 0; k < recorded.size(); ++k) {
+            const bool same = recorded[k] == replayed[k] || mixed(replayed[k], recorded[k]) <= 1e-45;
+            BOOST_TEST(same, "replay of x" << l << " coordinate " << c << " differs from forward at output " << k);
+        }
+        return replayed;
+    };
+    for (std::size_t l = 0; l < N; ++l) {
+        for (std::size_t c = 0; c < values[l].size(); ++c) {
+            const Tensor<mp50> plus = moved_output(l, c, h), minus = moved_output(l, c, mp50(-h));
+            moved_output(l, c, mp50(0.25));
+            mp50 numeric(0);
+            for (std::size_t k = 0; k < plus.size(); ++k) {
+                if (plus[k] != minus[k]) numeric += G[k] * (plus[k] - minus[k]) / (2 * h);
+            }
+            const double error = mixed(leaves[l].grad()[c], numeric);
+            ++report.coordinates;
+            report.max_error_mp = std::max(report.max_error_mp, error);
+            if (!(error <= 1e-25)) {
+                ++report.failures;
+                report.passed = false;
+                BOOST_TEST_MESSAGE("seeded VJP of x" << l << " at " << index_string(values[l].shape(), c)
+                                                     << ": analytic " << to_double(leaves[l].grad()[c])
+                                                     << ", numeric " << to_double(numeric));
+            }
+        }
+    }
+    return report;
+}
+
 // Checks `op` (a generic lambda from an array of Vars to a Var) on random leaves of the given
-// shapes, with the default (fixed) thresholds. Prints the report when it fails.
+// shapes, with the default (fixed) thresholds: through the checker with the probe J = Σ Y ∘ G
+// downstream, and by an explicit seed on the op's own output (check_op_seeded). Prints the
+// report when it fails.
 template <class Op, class... Shapes>
 CheckReport check_op(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     std::size_t leaf = 0;
     const NamedTensor leaves[] = {NamedTensor{fmt::format("x{}", leaf++), random_tensor(shapes, rng)}...};
-    const CheckReport report = check_gradients([&](auto in) { return probe(op(in)); }, leaves);
+    CheckReport report = check_gradients([&](auto in) { return probe(op(in)); }, leaves);
     BOOST_TEST_MESSAGE(report.summary());
+    std::array<Tensor<double>, sizeof...(Shapes)> values;
+    for (std::size_t l = 0; l < values.size(); ++l) values[l] = leaves[l].value;
+    const CheckReport seeded = check_op_seeded(op, rng, values);
+    report.passed = report.passed && seeded.passed;
+    report.max_error_mp = std::max(report.max_error_mp, seeded.max_error_mp);
     return report;
+}
+
+// The seeded check alone, for an op whose output has constant non-finite entries (mask: −inf at
+// hidden positions), which no scalar probe can sum.
+template <class Op, class... Shapes>
+CheckReport check_op_seeded_only(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
+    const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
+    return check_op_seeded(op, rng, values);
 }
 
 template <class V>
