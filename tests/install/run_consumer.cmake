@@ -20,7 +20,9 @@ if(MODE STREQUAL "subdirectory")
   list(APPEND consumer_args -DTAPEGRAD_SOURCE_DIR=${TAPEGRAD_SOURCE_DIR})
 else()
   run(${CMAKE_COMMAND} --install ${TAPEGRAD_BINARY_DIR} --prefix ${prefix})
-  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/autodiff/tape.hpp include/tapegrad/ops/softmax.hpp
+  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/autodiff/tape.hpp include/tapegrad/autodiff/op.hpp
+               include/tapegrad/check/gradcheck.hpp include/tapegrad/io/npy.hpp include/tapegrad/ops/softmax.hpp
+               include/tapegrad/ops/fast/softmax_rows.hpp include/tapegrad/models/multihead.hpp
                lib/cmake/tapegrad/tapegradConfig.cmake lib/cmake/tapegrad/tapegradConfigVersion.cmake)
     if(NOT EXISTS ${prefix}/${file})
       message(FATAL_ERROR "cmake --install did not install ${file}")

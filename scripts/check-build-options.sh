@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Configures tapegrad with every on/off combination of TAPEGRAD_BUILD_TESTS, _EXAMPLES, _TOOLS and
+# _BENCHMARKS (16 builds trees under a temporary folder) and checks that each one generates, and
+# that the targets which need another option's target are present exactly when it is (test_cli
+# needs the tool). Every target compiles the same way in every combination, so together with the
+# full build (all ON) this shows that each combination builds.
+# Usage: scripts/check-build-options.sh [work-dir]   (exit 1 on the first failing combination)
+set -euo pipefail
+source_dir="$(cd "$(dirname "$0")/.." && pwd)"
+work="${1:-$(mktemp -d)}"
+mkdir -p "$work"
+failures=0
+for tests in ON OFF; do
+  for examples in ON OFF; do
+    for tools in ON OFF; do
+      for benchmarks in ON OFF; do
+        name="tests-${tests}_examples-${examples}_tools-${tools}_benchmarks-${benchmarks}"
+        build="$work/$name"
+        if ! cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTAPEGRAD_BUILD_TESTS=$tests \
+             -DTAPEGRAD_BUILD_EXAMPLES=$examples -DTAPEGRAD_BUILD_TOOLS=$tools \
+             -DTAPEGRAD_BUILD_BENCHMARKS=$benchmarks >"$build.log" 2>&1; then
+          echo "FAILED to configure: $name (see $build.log)"; failures=$((failures + 1)); continue
+        fi
+        targets="$(cmake --build "$build" --target help)"
+        has() { grep -q -- "\.\.\. $1\$" <<<"$targets"; }
+        expect() {  # expect TARGET ON|OFF
+          if { [ "$2" = ON ] && ! has "$1"; } || { [ "$2" = OFF ] && has "$1"; }; then
+            echo "FAILED: $name: target $1 should be $([ "$2" = ON ] && echo present || echo absent)"
+            failures=$((failures + 1))
+          fi
+        }
+        expect test_tape "$tests"
+        expect seed_walkthrough "$examples"
+        expect tapegrad-attention "$tools"
+        expect bench_attention "$benchmarks"
+        if [ "$tests" = ON ] && [ "$tools" = ON ]; then expect test_cli ON; else expect test_cli OFF; fi
+        echo "ok: $name"
+      done
+    done
+  done
+done
+echo "$((16 - failures)) passed, $failures failed"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Checks that includes between the library's folders run one way only (ARCHITECTURE.md):
+#   autodiff/ includes only autodiff/;  io/ only autodiff/ and io/;  check/ only autodiff/, io/, check/;
+#   ops/ only autodiff/ and ops/;  models/ only autodiff/, ops/ and models/ (never check/ or io/).
+# Prints each include that breaks a rule; exits 1 if there is one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+allowed() {  # allowed FOLDER -> regex of the folders its project includes may name
+  case "$1" in
+    autodiff) echo '^autodiff/' ;;
+    io) echo '^(autodiff|io)/' ;;
+    check) echo '^(autodiff|io|check)/' ;;
+    ops) echo '^(autodiff|ops)/' ;;
+    models) echo '^(autodiff|ops|models)/' ;;
+  esac
+}
+broken=0
+for folder in autodiff io check ops models; do
+  rule="$(allowed "$folder")"
+  while IFS= read -r line; do
+    file="${line%%:*}"
+    target="$(sed -E 's/.*#include "([^"]+)".*/\1/' <<<"$line")"
+    if ! grep -Eq "$rule" <<<"$target"; then
+      echo "$file includes $target: $folder/ may include only ${rule}"
+      broken=1
+    fi
+  done < <(grep -rn '#include "' "$folder" --include='*.hpp' || true)
+done
+if [ "$broken" -eq 0 ]; then echo "includes run one way: autodiff <- io <- check; autodiff <- ops <- models"; fi
+exit "$broken"
