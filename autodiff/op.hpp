@@ -12,8 +12,8 @@
 //       static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din);
 //   };
 //
-// * Settings: the op's typed settings (a factor, flags, indices), stored with the node so the
-//   forward can be replayed. Either a plain struct or a template over the scalar type (a factor
+// * Settings: the op's typed settings (a factor, flags, indices), stored with the node (in a
+//   SettingsSlot) so the forward can be replayed. Either a plain struct or a template over the scalar type (a factor
 //   such as 1/√d must be held in the tape's own precision). No settings: `using Settings = NoSettings;`.
 // * forward: writes the output (resizing `out`) and whatever the VJP needs beyond the output and
 //   the inputs into `saved` (left empty by most ops).
@@ -39,9 +39,12 @@
 #include "autodiff/tensor.hpp"
 
 #include <any>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -120,30 +123,71 @@ concept TapeOp = Scalar<T> && std::copy_constructible<SettingsOf<Op, T>> &&
                      Op::template forward<T>(s, in, out, out);
                  } && (HasPerInputVjp<Op, T> != HasAllInputsVjp<Op, T>);
 
-// The type-erased form of an op, built once per (op, scalar type) from the op's struct. The
-// node's settings are held in a std::any of the op's Settings type.
+// One node's settings. Small trivially copyable settings (a factor, flags, offsets: most ops)
+// live inline, so recording an op allocates nothing and reading its settings is one pointer;
+// others (index lists, a 50-digit factor) live in a std::any, assigned in place when a reused
+// tape records the same op again. Settings without data (NoSettings) are not stored at all. The
+// op kind that stores a node's settings is the one that reads them back, so both sides know
+// the type.
+class SettingsSlot {
+public:
+    template <class S>
+    void store(S&& settings) {
+        using Held = std::decay_t<S>;
+        if constexpr (stateless<Held>) {
+            return;
+        } else if constexpr (fits_inline<Held>) {
+            std::construct_at(reinterpret_cast<Held*>(inline_.data()), std::forward<S>(settings));
+        } else if (Held* held = std::any_cast<Held>(&elsewhere_)) {
+            *held = std::forward<S>(settings);
+        } else {
+            elsewhere_ = std::forward<S>(settings);
+        }
+    }
+
+    template <class S>
+    const S& get() const {
+        if constexpr (stateless<S>) {
+            static const S none{};
+            return none;
+        } else if constexpr (fits_inline<S>) {
+            return *std::launder(reinterpret_cast<const S*>(inline_.data()));
+        } else {
+            return *std::any_cast<S>(&elsewhere_);
+        }
+    }
+
+private:
+    template <class S>
+    static constexpr bool stateless = std::is_empty_v<S> && std::is_default_constructible_v<S>;
+    static constexpr std::size_t inline_bytes = 48;
+    template <class S>
+    static constexpr bool fits_inline = sizeof(S) <= inline_bytes && alignof(S) <= alignof(std::max_align_t) &&
+                                        std::is_trivially_copyable_v<S> && std::is_trivially_destructible_v<S>;
+
+    alignas(std::max_align_t) std::array<std::byte, inline_bytes> inline_{};
+    std::any elsewhere_;
+};
+
+// The type-erased form of an op, built once per (op, scalar type) from the op's struct.
 template <Scalar T>
 struct OpKind {
     std::string_view name;
-    void (*forward)(const std::any& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
+    void (*forward)(const SettingsSlot& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
     // Every input's contribution; grads[k] is nullptr when input k needs none. For an op that
     // writes per-input VJPs this is generated: one vjp call per requested input.
-    void (*vjp_all)(const std::any& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
+    void (*vjp_all)(const SettingsSlot& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
     // nullptr when the op has no update hook.
-    bool (*update)(const std::any& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
+    bool (*update)(const SettingsSlot& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
                    Tensor<T>& out);
-    OpCost (*cost)(const std::any& settings, Inputs<T> in);
+    OpCost (*cost)(const SettingsSlot& settings, Inputs<T> in);
 };
 
 namespace detail {
-template <class Op, Scalar T>
-const SettingsOf<Op, T>& settings_cast(const std::any& settings) {
-    return *std::any_cast<SettingsOf<Op, T>>(&settings);
-}
 
 template <class Op, Scalar T>
-void vjp_all_of(const std::any& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
-    const SettingsOf<Op, T>& s = settings_cast<Op, T>(settings);
+void vjp_all_of(const SettingsSlot& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+    const auto& s = settings.get<SettingsOf<Op, T>>();
     if constexpr (HasAllInputsVjp<Op, T>) {
         Op::template vjp_all<T>(s, at, grads);
     } else {
@@ -155,11 +199,11 @@ void vjp_all_of(const std::any& settings, const VjpArgs<T>& at, std::span<Tensor
 
 template <class Op, Scalar T>
 constexpr auto update_of() {
-    using Update = bool (*)(const std::any&, Inputs<T>, Inputs<T>, const Tensor<T>&, Tensor<T>&);
+    using Update = bool (*)(const SettingsSlot&, Inputs<T>, Inputs<T>, const Tensor<T>&, Tensor<T>&);
     if constexpr (HasUpdate<Op, T>) {
-        return Update{[](const std::any& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
+        return Update{[](const SettingsSlot& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
                          Tensor<T>& out) {
-            return Op::template update<T>(settings_cast<Op, T>(settings), before, after, out_before, out);
+            return Op::template update<T>(settings.get<SettingsOf<Op, T>>(), before, after, out_before, out);
         }};
     } else {
         return Update{nullptr};
@@ -171,14 +215,14 @@ template <class Op, Scalar T>
     requires TapeOp<Op, T>
 inline constexpr OpKind<T> op_kind_of{
     Op::name,
-    [](const std::any& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved) {
-        Op::template forward<T>(detail::settings_cast<Op, T>(settings), in, out, saved);
+    [](const SettingsSlot& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved) {
+        Op::template forward<T>(settings.get<SettingsOf<Op, T>>(), in, out, saved);
     },
     &detail::vjp_all_of<Op, T>,
     detail::update_of<Op, T>(),
-    [](const std::any& settings, Inputs<T> in) -> OpCost {
+    [](const SettingsSlot& settings, Inputs<T> in) -> OpCost {
         if constexpr (requires(const SettingsOf<Op, T>& s) { Op::template cost<T>(s, in); }) {
-            return Op::template cost<T>(detail::settings_cast<Op, T>(settings), in);
+            return Op::template cost<T>(settings.get<SettingsOf<Op, T>>(), in);
         } else {
             return OpCost{};
         }

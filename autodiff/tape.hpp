@@ -11,7 +11,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <any>
 #include <array>
 #include <concepts>
 #include <cstdint>
@@ -145,7 +144,7 @@ public:
         node.inputs = ids;
         node.arity = static_cast<std::uint32_t>(inputs.size());
         node.requires_grad = requires_grad;
-        node.settings = std::move(settings);
+        node.settings.store(std::move(settings));
         node.label.clear();
         node.has_grad = false;
         const std::uint32_t index = static_cast<std::uint32_t>(used_ - 1);
@@ -327,7 +326,7 @@ private:
         Tensor<T> value;
         Tensor<T> saved;
         Tensor<T> grad;
-        std::any settings;  // the op's own Settings type (NoSettings for a leaf)
+        SettingsSlot settings;  // the op's own Settings (stale for a leaf, which has none)
         std::string label;
     };
 
@@ -404,7 +403,6 @@ private:
     Node& append_leaf(std::string_view label, bool requires_grad) {
         Node& node = append();
         node.kind = nullptr;
-        node.settings.reset();
         node.arity = 0;
         node.requires_grad = requires_grad;
         node.label.assign(label);
