@@ -1,7 +1,12 @@
-// add: elementwise sum of two tensors of the same shape, C = A + B (token + position embeddings).
-// VJP: dA = G, dB = G  (each output coordinate depends on one coordinate of each input, slope 1).
+// add: elementwise sum with NumPy broadcasting, C = A + B (token + position embeddings; a bias
+// row [1, n] added to every row of a matrix [m, n]).
+//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+// VJP: dA = G summed over the axes along which A was stretched, likewise dB.
+//   Each C_k = A_ia + B_ib depends on one element of each input with slope 1, so
+//   ∂J/∂A_i = Σ_{k → i} G_k: G itself when A has C's shape, summed over the copies otherwise.
 #pragma once
 
+#include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -14,21 +19,18 @@ struct Add {
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
-        const Tensor<T>& a = *in[0];
-        const Tensor<T>& b = *in[1];
-        out.resize(a.shape());
-        for (std::size_t k = 0; k < a.size(); ++k) out[k] = a[k] + b[k];
+        broadcast_apply(*in[0], *in[1], out, [](const T& a, const T& b) { return T(a + b); });
     }
 
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
-        std::copy(at.G.data().begin(), at.G.data().end(), grad.data().begin());
+        sum_to_shape(at.G, grad);
     }
 };
 
 template <Scalar T>
 Var<T> add(const Var<T>& A, const Var<T>& B) {
-    checks::same_shape(Add::name, A, B);
+    broadcastable(Add::name, A, B);
     return A.tape().template record<Add>({A, B});
 }
 

@@ -65,4 +65,17 @@ void attention_inputs(std::string_view op, const Var<T>& Q, const Var<T>& K, con
     }
 }
 
+// value_error when `x` holds an exact 0, naming `op`, the argument, the index and the shape (div
+// and reciprocal share it, so both refuse a zero divisor with the same words).
+template <Scalar T>
+void no_zero_divisor(std::string_view op, std::string_view argument, const Var<T>& x) {
+    const Tensor<T>& values = x.value();
+    for (std::size_t k = 0; k < values.size(); ++k) {
+        if (values[k] == T(0)) {
+            throw value_error(fmt::format("{}: division by zero: {} is 0 at {} of shape {}", op, argument,
+                                          index_string(values.shape(), k), values.shape().to_string()));
+        }
+    }
+}
+
 }  // namespace tapegrad::checks

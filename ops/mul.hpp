@@ -1,8 +1,12 @@
-// mul: elementwise (Hadamard) product of two tensors of the same shape, C = A ∘ B
-// (the spec's probe O ∘ G; dropout's mask).
-// VJP: dA = G ∘ B, dB = G ∘ A  (∂C_k/∂A_k = B_k, ∂C_k/∂B_k = A_k).
+// mul: elementwise (Hadamard) product with NumPy broadcasting, C = A ∘ B (the spec's probe O ∘ G;
+// dropout's mask; a per-column gain [1, n] applied to a matrix [m, n]).
+//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+// VJP: dA = G ∘ B, dB = G ∘ A, each summed over the axes along which that input was stretched.
+//   C_k = A_ia·B_ib, so ∂C_k/∂A_ia = B_ib and ∂C_k/∂B_ib = A_ia; an input element read by several
+//   output elements receives the sum: ∂J/∂A_i = Σ_{k → i} G_k·B_ib.
 #pragma once
 
+#include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -15,27 +19,28 @@ struct Mul {
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
-        const Tensor<T>& a = *in[0];
-        const Tensor<T>& b = *in[1];
-        out.resize(a.shape());
-        for (std::size_t k = 0; k < a.size(); ++k) out[k] = a[k] * b[k];
+        broadcast_apply(*in[0], *in[1], out, [](const T& a, const T& b) { return T(a * b); });
     }
 
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
-        const Tensor<T>& other = *at.in[1 - which];
-        for (std::size_t k = 0; k < at.G.size(); ++k) grad[k] = at.G[k] * other[k];
+        if (which == 0) {
+            broadcast_vjp(at, 0, grad, [](const T& g, const T&, const T& b) { return T(g * b); });
+        } else {
+            broadcast_vjp(at, 1, grad, [](const T& g, const T& a, const T&) { return T(g * a); });
+        }
     }
 
     template <Scalar T>
     static OpCost cost(const Settings&, Inputs<T> in) {
-        return {in[0]->size(), 2 * in[0]->size()};
+        const std::size_t n = try_broadcast_shape(in[0]->shape(), in[1]->shape())->size();
+        return {n, 2 * n};
     }
 };
 
 template <Scalar T>
 Var<T> mul(const Var<T>& A, const Var<T>& B) {
-    checks::same_shape(Mul::name, A, B);
+    broadcastable(Mul::name, A, B);
     return A.tape().template record<Mul>({A, B});
 }
 
