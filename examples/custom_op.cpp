@@ -1,6 +1,8 @@
 // How a user adds an op of their own: an elementwise tanh, written in one struct (forward, VJP
 // with its formula, a public function with its shape check), then verified by the 50-digit
-// checker, alone and inside attention (as a nonlinearity on the values).
+// checker, alone and inside attention (as a nonlinearity on the values). tapegrad has a tanh of
+// its own (ops/tanh.hpp); this one lives in the user's namespace my_ops and is called as
+// my_ops::tanh, so the two never meet.
 #include "tapegrad.hpp"
 
 #include <fmt/format.h>

@@ -1,0 +1,51 @@
+// sigmoid: the logistic function, elementwise, Y = σ(A) = 1 / (1 + e^(−A)) (gates, probabilities
+// of binary events; values in (0, 1)).
+//   A [...] -> Y [...]
+// VJP: dA = G ∘ Y ∘ (1 − Y), since σ'(a) = e^(−a) / (1 + e^(−a))² = σ(a)·(1 − σ(a)), because
+// 1 − σ(a) = e^(−a) / (1 + e^(−a)). The saved output is all it needs.
+// Stable for any |a|: e^(−|a|) is the only exponential taken, so it never overflows:
+//   a ≥ 0: σ(a) = 1 / (1 + e^(−a)),    a < 0: σ(a) = e^a / (1 + e^a).
+// In double σ(±1e4) is exactly 1 and 0 with derivative 0, never NaN; σ(±inf) = 1, 0.
+#pragma once
+
+#include "ops/checks.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+struct Sigmoid {
+    static constexpr std::string_view name = "sigmoid";
+
+    using Settings = NoSettings;
+
+    template <Scalar T>
+    static T logistic(const T& a) {
+        using std::exp;
+        if (a >= T(0)) return T(1) / (1 + T(exp(-a)));
+        const T e = exp(a);
+        return e / (1 + e);
+    }
+
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
+        const Tensor<T>& A = *in[0];
+        Y.resize(A.shape());
+        for (std::size_t k = 0; k < A.size(); ++k) Y[k] = logistic(A[k]);
+    }
+
+    // 1 − Y cancels when Y is near 1, but its absolute error stays below the unit roundoff, and
+    // the derivative Y(1 − Y) is what is compared, on the absolute scale below 1.
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        const Tensor<T>& Y = at.out;
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * Y[k] * (1 - Y[k]);
+    }
+};
+
+template <Scalar T>
+Var<T> sigmoid(const Var<T>& A) {
+    checks::non_empty(Sigmoid::name, "A", A);
+    return A.tape().template record<Sigmoid>({A});
+}
+
+}  // namespace tapegrad
