@@ -15,6 +15,15 @@
 // back to the full check when one disagrees. Consistency checks run too: both precisions throw
 // or neither does; backward run twice gives identical gradients; a zero seed gives zero gradients.
 //
+// Kinks: where J is not differentiable at the point checked (abs at 0, relu at 0, clamp at a
+// bound, max at a tie), a coordinate's one-sided differences (J(x+h) − J(x)) / h and
+// (J(x) − J(x−h)) / h part by the jump of the derivative instead of by about h·|J''|. When they part
+// by more than `kink_threshold` (1e-8, derived in check/report.hpp) at both steps, the coordinate
+// (or branch coordinate) is reported AT A KINK, with both one-sided derivatives and the analytic
+// value: neither a pass nor a failure, out of the max errors, and the verdict does not fail on
+// it. Where the two sides agree, the comparison is the usual one, so a wrong VJP at a smooth point
+// fails as before. A fast-mode direction at a kink sends the check to full mode, like a failure.
+//
 // The options, their thresholds and the report are in check/report.hpp. Here the check runs in
 // stages, one function each, sharing their state through a detail::Checked<N>:
 //   record_both                  the graph on both tapes (or a consistency failure, and stop),
@@ -23,7 +32,8 @@
 //   full_check, fast_check       the whole gradients (fast falls back to full),
 //   attribute_branches           each consumer's share of a shared leaf's gradient,
 //   finish                       the figures into the report.
-// Every finite difference goes through numeric_derivative; every comparison through compare.
+// Every finite difference goes through numeric_derivative; every comparison (and every kink
+// classification) through compare.
 #pragma once
 
 #include "autodiff/parallel.hpp"
@@ -146,9 +156,15 @@ public:
                   [](const Mismatch& a, const Mismatch& b) { return a.rel_error > b.rel_error; });
         if (worst.size() > keep_) worst.pop_back();
     }
+    // Coordinates at kinks, the first few in the order compared (a fixed order). A direction at a
+    // kink is not listed: the coordinates it leads to are.
+    void add_kink(Kink k) {
+        if (kinks.size() < keep_) kinks.push_back(std::move(k));
+    }
     double max_double = 0, max_mp = 0, max_step = 0;
     bool failed = false;
     std::vector<Mismatch> worst;
+    std::vector<Kink> kinks;
 
 private:
     std::size_t keep_;
@@ -202,28 +218,49 @@ inline void restore(const Move& move) {
     else *move.scratch = x;
 }
 
-// The 50-digit central difference (J(x + h·v) − J(x − h·v)) / 2h at each of the two steps, with
-// the leaves moved as `moves` say. J is replayed from the recorded tape (only what the moved
-// leaves reach is recomputed), so threads may call this at once, each with its own workspace and
-// scratch tensors.
+// The 50-digit differences of J at one step h: the central one, compared with the analytic
+// derivative, and the one-sided ones, which tell a kink (they part by the jump of the derivative)
+// from a smooth point (they part by about h·|J''|).
+struct Differences {
+    mp50 central;  // (J(x + h·v) − J(x − h·v)) / 2h
+    mp50 right;    // (J(x + h·v) − J(x)) / h
+    mp50 left;     // (J(x) − J(x − h·v)) / h
+};
+
+// The differences at each of the two steps, with the leaves moved as `moves` say. J is replayed
+// from the recorded tape (only what the moved leaves reach is recomputed), so threads may call
+// this at once, each with its own workspace and scratch tensors. J(x) is the recorded output:
+// the one-sided differences cost no replay beyond the central one's.
 template <std::size_t N>
-std::array<mp50, 2> numeric_derivative(const Recording<mp50, N>& in_mp, std::span<const Move> moves,
-                                       const std::array<double, 2>& steps, ReplayWorkspace<mp50>& workspace) {
+std::array<Differences, 2> numeric_derivative(const Recording<mp50, N>& in_mp, std::span<const Move> moves,
+                                              const std::array<double, 2>& steps,
+                                              ReplayWorkspace<mp50>& workspace) {
     std::vector<Tape<mp50>::Replacement> replacements;
     for (const Move& move : moves) replacements.push_back({move.leaf, move.scratch, move.edge});
     const auto J_at = [&](const mp50& h) {
         for (const Move& move : moves) move_by(move, h);
         return mp50(in_mp.tape.replay(in_mp.output, replacements, workspace).item());
     };
-    std::array<mp50, 2> derivatives;
+    const mp50 at_x(in_mp.output.value().item());
+    std::array<Differences, 2> derivatives;
     for (std::size_t s = 0; s < steps.size(); ++s) {
         const mp50 h(steps[s]);
         const mp50 plus = J_at(h);
         const mp50 minus = J_at(mp50(-h));
-        derivatives[s] = mp50((plus - minus) / (2 * h));
+        derivatives[s] = {mp50((plus - minus) / (2 * h)), mp50((plus - at_x) / h), mp50((at_x - minus) / h)};
     }
     for (const Move& move : moves) restore(move);
     return derivatives;
+}
+
+// J is at a kink along the move: the one-sided differences part by more than `threshold` at both
+// steps, and each side agrees with itself across the steps within it (both converged). Written
+// so that a NaN anywhere gives false: such a coordinate is compared, and fails, as before.
+inline bool at_kink(const std::array<Differences, 2>& numeric, double threshold) {
+    const auto parted = [&](const Differences& d) { return mixed_error(d.right, d.left) > threshold; };
+    const bool converged = mixed_error(numeric[0].right, numeric[1].right) <= threshold &&
+                           mixed_error(numeric[0].left, numeric[1].left) <= threshold;
+    return parted(numeric[0]) && parted(numeric[1]) && converged;
 }
 
 // One coordinate of one leaf.
@@ -235,11 +272,12 @@ struct Coordinate {
 // Only the differences run in parallel: the callers compare them afterwards, in order, so the
 // report does not depend on the number of threads.
 template <std::size_t N>
-std::vector<std::array<mp50, 2>> coordinate_derivatives(Checked<N>& c, const std::vector<Coordinate>& coordinates,
-                                                        const std::optional<Edge>& edge = std::nullopt) {
+std::vector<std::array<Differences, 2>> coordinate_derivatives(Checked<N>& c,
+                                                               const std::vector<Coordinate>& coordinates,
+                                                               const std::optional<Edge>& edge = std::nullopt) {
     // Each thread moves coordinates of its own copies of the leaves, made when it first needs one.
     std::vector<std::array<Tensor<mp50>, N>> scratch(c.threads());
-    std::vector<std::array<mp50, 2>> numeric(coordinates.size());
+    std::vector<std::array<Differences, 2>> numeric(coordinates.size());
     parallel_for(
         coordinates.size(),
         [&](std::size_t i, unsigned thread) {
@@ -259,36 +297,70 @@ struct Where {
     std::string leaf, index, branch;
 };
 
+// What one comparison found: agreement, a failure, or a kink (neither).
+enum class Outcome { pass, failure, kink };
+
 struct Verdict {
-    bool ok = true;
-    double mp_error = 0;  // the worst of the 50-digit tape's errors
+    Outcome outcome = Outcome::pass;
+    double mp_error = 0;  // the worst of the 50-digit tape's errors (0 at a kink)
+    Kink kink;            // at a kink: where, and both sides; the coordinate checks list it
 };
 
-// The analytic derivative (50-digit, and double when given) against the numeric one at each step,
-// and the two steps against each other; every comparison goes into the tally.
+// At a kink (at_kink), any value between the one-sided derivatives is a valid choice (a
+// subgradient along this coordinate: abs at 0 may say −1, 0 or 1), so the verdict is "kink", with
+// the one-sided derivatives at steps[1]; a value outside them is wrong whatever the convention,
+// and is compared with the nearer side as a failure. The one-sided differences carry an error of
+// about h·|J''| ≤ 1e-11 (see kink_threshold), so "between" allows kink_threshold beyond each side.
+// Otherwise the analytic derivative (50-digit, and double when given)
+// against the central difference at each step, and the two steps against each other; every
+// comparison goes into the tally.
 template <std::size_t N>
 Verdict compare(Checked<N>& c, const Where& where, const mp50& analytic_mp,
-                const std::optional<double>& analytic_double, const std::array<mp50, 2>& numeric) {
+                const std::optional<double>& analytic_double, const std::array<Differences, 2>& numeric) {
     using boost::multiprecision::abs;
     Verdict verdict;
     const auto against = [&](Source source, const mp50& analytic, const mp50& reference, double step,
                              double threshold) {
         const double error = mixed_error(analytic, reference);
-        verdict.ok = verdict.ok && error <= threshold;
+        if (!(error <= threshold)) verdict.outcome = Outcome::failure;
         if (source == Source::mp_tape) verdict.mp_error = std::max(verdict.mp_error, error);
         c.tally.add(Mismatch{where.leaf, where.index, where.branch, source, to_double(analytic),
                              to_double(reference), step, to_double(mp50(abs(analytic - reference))), error,
                              threshold});
     };
+    if (at_kink(numeric, c.options.kink_threshold)) {
+        const mp50& left = numeric[1].left;
+        const mp50& right = numeric[1].right;
+        const mp50 nearest = std::clamp(analytic_mp, std::min(left, right), std::max(left, right));
+        if (mixed_error(analytic_mp, nearest) <= c.options.kink_threshold) {
+            verdict.outcome = Outcome::kink;
+            verdict.kink = Kink{where.leaf, where.index, where.branch, to_double(left), to_double(right),
+                                to_double(analytic_mp)};
+        } else {
+            against(Source::mp_tape, analytic_mp, nearest, c.options.steps[1], c.options.kink_threshold);
+        }
+        return verdict;
+    }
     for (std::size_t s = 0; s < numeric.size(); ++s) {
-        against(Source::mp_tape, analytic_mp, numeric[s], c.options.steps[s], c.options.mp_tolerance);
+        against(Source::mp_tape, analytic_mp, numeric[s].central, c.options.steps[s], c.options.mp_tolerance);
         if (analytic_double) {
-            against(Source::double_tape, mp50(*analytic_double), numeric[s], c.options.steps[s],
+            against(Source::double_tape, mp50(*analytic_double), numeric[s].central, c.options.steps[s],
                     c.options.double_tolerance);
         }
     }
-    against(Source::step_agreement, numeric[0], numeric[1], c.options.steps[1], c.options.mp_tolerance);
+    against(Source::step_agreement, numeric[0].central, numeric[1].central, c.options.steps[1],
+            c.options.mp_tolerance);
     return verdict;
+}
+
+// A coordinate's verdict into its counts; a kink also into the report's list.
+template <std::size_t N>
+void count_coordinate(Checked<N>& c, Verdict verdict, std::size_t& failures, std::size_t& kinks) {
+    if (verdict.outcome == Outcome::failure) ++failures;
+    if (verdict.outcome == Outcome::kink) {
+        ++kinks;
+        c.tally.add_kink(std::move(verdict.kink));
+    }
 }
 
 // The differences are taken around each leaf's value: it must have one, and be finite.
@@ -407,18 +479,19 @@ void full_check(Checked<N>& c) {
     std::vector<Coordinate> coordinates;
     for (std::size_t l = 0; l < N; ++l)
         for (std::size_t k = 0; k < c.leaves[l].value.size(); ++k) coordinates.push_back({l, k});
-    const std::vector<std::array<mp50, 2>> numeric = coordinate_derivatives(c, coordinates);
+    const std::vector<std::array<Differences, 2>> numeric = coordinate_derivatives(c, coordinates);
     for (std::size_t i = 0; i < coordinates.size(); ++i) {
         const auto [l, k] = coordinates[i];
         ++c.report.coordinates;
         const Where where{c.leaves[l].name, index_string(c.leaves[l].value.shape(), k), ""};
-        if (!compare(c, where, c.grad_mp[l][k], c.grad_double[l][k], numeric[i]).ok) ++c.report.failures;
+        count_coordinate(c, compare(c, where, c.grad_mp[l][k], c.grad_double[l][k], numeric[i]), c.report.failures,
+                         c.report.kinks);
     }
 }
 
 // Fast mode: <∇J, v> against the directional difference, for a few random unit directions over
-// all leaves at once. When one disagrees, its figures are dropped and the full check runs instead,
-// to say which coordinates are wrong.
+// all leaves at once. When one disagrees or is at a kink, its figures are dropped and the full
+// check runs instead, to say which coordinates are wrong or at kinks.
 template <std::size_t N>
 void fast_check(Checked<N>& c) {
     c.report.mode = CheckMode::fast;
@@ -433,21 +506,21 @@ void fast_check(Checked<N>& c) {
             moves[l] = Move{c.in_mp->leaves[l], std::nullopt, &direction[l], 0, &scratch[l]};
         }
         random_unit_direction(generator, direction);
-        const std::array<mp50, 2> numeric = numeric_derivative(*c.in_mp, moves, c.options.steps, c.workspaces[0]);
+        const std::array<Differences, 2> numeric =
+            numeric_derivative(*c.in_mp, moves, c.options.steps, c.workspaces[0]);
         ++c.report.coordinates;
         const mp50 along_mp = inner_product(c.grad_mp, direction);
         // The double side is compared through the mp sum of its products (exact for the inputs).
         const double along_double = to_double(inner_product(c.grad_double, direction));
         const Where where{fmt::format("direction {}", k), "(all leaves)", ""};
-        if (!compare(c, where, along_mp, along_double, numeric).ok) {
-            ++c.report.failures;
-            all_agree = false;
-        }
+        const Outcome outcome = compare(c, where, along_mp, along_double, numeric).outcome;
+        if (outcome == Outcome::failure) ++c.report.failures;
+        all_agree = all_agree && outcome == Outcome::pass;
     }
     if (all_agree) return;
     c.report.mode = CheckMode::fast_then_full;
     c.tally = Tally(c.options.max_reported);
-    c.report.coordinates = c.report.failures = 0;
+    c.report.coordinates = c.report.failures = c.report.kinks = 0;
     full_check(c);
 }
 
@@ -470,7 +543,8 @@ inline std::string consumer_name(const Tape<mp50>& tape, const Edge& edge) {
                        edge.slot);
 }
 
-// The branch along a few random unit directions over its leaf; false as soon as one disagrees.
+// The branch along a few random unit directions over its leaf; false as soon as one disagrees or
+// is at a kink (the coordinates then say which).
 template <std::size_t N>
 bool branch_directions_agree(Checked<N>& c, std::size_t l, const Edge& edge, const Tensor<mp50>& analytic,
                              BranchReport& branch) {
@@ -482,13 +556,13 @@ bool branch_directions_agree(Checked<N>& c, std::size_t l, const Edge& edge, con
     for (std::size_t k = 0; k < c.options.directions; ++k) {
         random_unit_direction(generator, std::span(&direction, 1));
         const Move move{leaf, edge, &direction, 0, &scratch};
-        const std::array<mp50, 2> numeric =
+        const std::array<Differences, 2> numeric =
             numeric_derivative(*c.in_mp, std::span(&move, 1), c.options.steps, c.workspaces[0]);
         const mp50 along = inner_product(std::span(&analytic, 1), std::span(&direction, 1));
         const Where where{c.leaves[l].name, fmt::format("(direction {})", k), branch.consumer};
         const Verdict verdict = compare(c, where, along, std::nullopt, numeric);
         branch.max_error_mp = std::max(branch.max_error_mp, verdict.mp_error);
-        if (!verdict.ok) return false;
+        if (verdict.outcome != Outcome::pass) return false;
     }
     return true;
 }
@@ -499,12 +573,12 @@ void check_branch_coordinates(Checked<N>& c, std::size_t l, const Edge& edge, co
                               BranchReport& branch) {
     std::vector<Coordinate> coordinates;
     for (std::size_t k = 0; k < analytic.size(); ++k) coordinates.push_back({l, k});
-    const std::vector<std::array<mp50, 2>> numeric = coordinate_derivatives(c, coordinates, edge);
+    const std::vector<std::array<Differences, 2>> numeric = coordinate_derivatives(c, coordinates, edge);
     for (std::size_t k = 0; k < analytic.size(); ++k) {
         const Where where{c.leaves[l].name, index_string(analytic.shape(), k), branch.consumer};
-        const Verdict verdict = compare(c, where, analytic[k], std::nullopt, numeric[k]);
+        Verdict verdict = compare(c, where, analytic[k], std::nullopt, numeric[k]);
         branch.max_error_mp = std::max(branch.max_error_mp, verdict.mp_error);
-        if (!verdict.ok) ++branch.failures;
+        count_coordinate(c, std::move(verdict), branch.failures, branch.kinks);
     }
 }
 
@@ -552,6 +626,7 @@ CheckReport finish(Checked<N>& c, std::chrono::steady_clock::time_point start) {
     report.max_error_mp = c.tally.max_mp;
     report.max_step_disagreement = c.tally.max_step;
     report.worst = std::move(c.tally.worst);
+    report.first_kinks = std::move(c.tally.kinks);
     report.passed = !c.tally.failed && report.consistency_failures.empty();
     report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return report;

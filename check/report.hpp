@@ -1,6 +1,7 @@
 // What the gradient checker is asked to do and what it answers: CheckOptions (mode, steps,
-// thresholds and why they are what they are), and CheckReport with its mismatches, branch
-// verdicts, consistency failures and the one-paragraph summary() that tools and tests print.
+// thresholds and why they are what they are), and CheckReport with its mismatches, coordinates
+// at kinks, branch verdicts, consistency failures and the one-paragraph summary() that tools and
+// tests print.
 // The checking itself is in check/gradcheck.hpp.
 #pragma once
 
@@ -36,6 +37,29 @@ struct CheckOptions {
     // rounding of about n·u·κ (u = 1.1e-16, n terms per coordinate, κ the conditioning of exp
     // in softmax); for the graphs here n ≤ 1e4 and κ ≤ 1e2, so 1e-10, with a decade of margin.
     double double_tolerance = 1e-9;
+
+    // Kinks. Where J is not differentiable at the point checked (abs at 0, relu at 0, clamp at a
+    // bound, max at a tie) no analytic value can match "the" derivative, so such a coordinate (or
+    // direction) is reported as AT A KINK: neither a pass nor a failure. It is found from the
+    // one-sided 50-digit differences right = (J(x+h) − J(x)) / h and left = (J(x) − J(x−h)) / h,
+    // which come with the central ones at no extra cost (J(x) is the recorded output). For a
+    // smooth J, right − left = h·J''(x) + O(h³) plus rounding ≈ 2ε|J|/h: at most 1e-11 at h = 1e-14
+    // and 1e-13 at h = 1e-16 for |J''| ≤ 1e3 and |J| ≤ 1e9. At a kink it is the jump of the
+    // derivative, whatever h. A coordinate is at a kink when, on the mixed measure
+    // |right − left| / max(1, |left|), the two sides part by more than `kink_threshold` at BOTH
+    // steps, and each side agrees with itself across the two steps within it (they converged to
+    // one-sided derivatives). 1e-8 is three decades above the smooth bound at the larger step and
+    // five at the smaller, so a smooth J would need |J''| > 1e8·max(1, |J'|) to be misread; it is
+    // far below any jump an op makes (abs: 2, relu and clamp: 1, times the upstream gradient). A
+    // jump below it is not a kink: the central difference then differs from either one-sided
+    // derivative by up to half the jump, and a mismatch is a failure as usual. A coordinate whose
+    // two sides agree is compared as usual, so a wrong VJP at a smooth point still fails. A kink
+    // is counted and listed in the report, kept out of the failures and the max errors, and does
+    // not fail the check, as long as the analytic value lies between the two one-sided
+    // derivatives (within this same threshold, above their h·|J''| error): any value there is a
+    // valid subgradient along the coordinate, one outside is a failure whatever the convention; a fast-mode direction at a kink sends the check to full mode, which
+    // classifies each coordinate.
+    double kink_threshold = 1e-8;
 
     // Fast mode: random unit directions (Gaussian, normalised), seeded; branches likewise.
     std::size_t directions = 3;
@@ -93,12 +117,25 @@ struct Mismatch {
     double threshold = 0;
 };
 
+// One coordinate (or branch coordinate) at which J is not differentiable: its one-sided 50-digit
+// differences, taken at steps[1], part by more than CheckOptions::kink_threshold. Neither a pass
+// nor a failure.
+struct Kink {
+    std::string leaf;    // leaf name
+    std::string index;   // "(i, j)"
+    std::string branch;  // the consumer, for a branch check; empty for a whole gradient
+    double left = 0;     // (J(x) − J(x−h)) / h
+    double right = 0;    // (J(x+h) − J(x)) / h
+    double analytic = 0;  // the 50-digit tape's value
+};
+
 // Per-branch verdict for a leaf with several consumers.
 struct BranchReport {
     std::string leaf;
     std::string consumer;  // e.g. "matmul -> K"
     double max_error_mp = 0;
     std::size_t failures = 0;
+    std::size_t kinks = 0;  // coordinates of this branch at kinks (not failures)
 };
 
 struct CheckReport {
@@ -107,10 +144,12 @@ struct CheckReport {
     std::uint64_t seed = 0;
     std::size_t coordinates = 0;  // derivatives compared (coordinates, or directions)
     std::size_t failures = 0;     // of those, how many exceed a threshold
-    double max_error_double = 0;  // worst mixed error, double tape vs 50-digit differences
-    double max_error_mp = 0;      // worst mixed error, 50-digit tape vs 50-digit differences
+    std::size_t kinks = 0;        // of those, how many are at kinks (neither passes nor failures)
+    double max_error_double = 0;  // worst mixed error, double tape vs 50-digit differences (kinks excluded)
+    double max_error_mp = 0;      // worst mixed error, 50-digit tape vs 50-digit differences (kinks excluded)
     double max_step_disagreement = 0;
     std::vector<Mismatch> worst;
+    std::vector<Kink> first_kinks;  // the first max_reported kinks, whole gradients before branches
     std::vector<BranchReport> branches;
     std::vector<std::string> consistency_failures;
     double seconds = 0;
@@ -123,13 +162,15 @@ struct CheckReport {
         return names;
     }
 
+    // Without kinks, the text is exactly what it was before kinks were classified (tools and
+    // tests read it); kinks add a clause to the first line and a line each.
     std::string summary() const {
         std::string text = fmt::format(
             "gradcheck {} ({} mode, seed {}): {} of {} derivatives exceed the thresholds; "
             "max error double tape vs 50-digit differences {:.3g}, 50-digit tape vs 50-digit differences {:.3g}, "
-            "step agreement {:.3g}; {:.3f} s",
+            "step agreement {:.3g}; {}{:.3f} s",
             passed ? "passed" : "FAILED", to_string(mode), seed, failures, coordinates, max_error_double,
-            max_error_mp, max_step_disagreement, seconds);
+            max_error_mp, max_step_disagreement, kinks_clause(kinks, "; "), seconds);
         for (const Mismatch& m : worst) {
             text += fmt::format(
                 "\n  leaf {} index {}{}: analytic ({}) = {:.17g}, numeric (50-digit central difference, h={:g}) = "
@@ -137,12 +178,26 @@ struct CheckReport {
                 m.leaf, m.index, m.branch.empty() ? "" : " branch " + m.branch, to_string(m.source), m.analytic,
                 m.step, m.numeric, m.abs_error, m.rel_error, m.threshold);
         }
+        for (const Kink& k : first_kinks) {
+            text += fmt::format(
+                "\n  leaf {} index {}{}: at a kink: left derivative {:.17g}, right derivative {:.17g}, "
+                "analytic {:.17g} (neither pass nor failure)",
+                k.leaf, k.index, k.branch.empty() ? "" : " branch " + k.branch, k.left, k.right, k.analytic);
+        }
         for (const BranchReport& b : branches) {
-            text += fmt::format("\n  branch {} via {}: max error {:.3g}{}", b.leaf, b.consumer, b.max_error_mp,
-                                b.failures ? fmt::format(" ({} coordinates wrong)", b.failures) : "");
+            text += fmt::format("\n  branch {} via {}: max error {:.3g}{}{}", b.leaf, b.consumer, b.max_error_mp,
+                                b.failures ? fmt::format(" ({} coordinates wrong)", b.failures) : "",
+                                b.kinks ? " (" + kinks_clause(b.kinks, "") + ")" : "");
         }
         for (const std::string& c : consistency_failures) text += "\n  consistency: " + c;
         return text;
+    }
+
+private:
+    // "2 coordinates at kinks" followed by `then`; nothing at all for none.
+    static std::string kinks_clause(std::size_t count, std::string_view then) {
+        if (count == 0) return "";
+        return fmt::format("{} {}{}", count, count == 1 ? "coordinate at a kink" : "coordinates at kinks", then);
     }
 };
 
