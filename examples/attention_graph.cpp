@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
         const Var<double> W_V = tape.leaf(Tensor<double>::matrix({{1, 1}, {0, 1}, {1, 0}, {0, 0}}), "W_V");
         const AttentionResult<double> att = attention(X, W_Q, W_K, W_V);
         const Var<double> G = tape.constant(Tensor<double>::matrix({{1, 0}, {0, 1}, {1, 1}}), "G");
-        const Var<double> J = sum(mul(att.O, G)).named("J");
+        const Var<double> J = sum(att.O * G).named("J");
         tape.backward(J);
         fmt::print("J = {:.10}\nA = {:.6}\ndX = {:.6}\n", J.value(), att.A.value(), X.grad());
 

@@ -14,7 +14,7 @@ int main() {
 
     const AttentionResult<double> attn = attention(X, W_Q, W_K, W_V);  // Q, K, V, S, A, O
     const Var<double> G = tape.constant(Tensor<double>(attn.O.shape(), 1.0), "G");
-    const Var<double> J = sum(mul(attn.O, G));
+    const Var<double> J = sum(attn.O * G);  // records mul and sum, as sum(mul(attn.O, G)) would
     tape.backward(J);
 
     fmt::print("A  = {:.4}\nO  = {:.4}\nJ  = {}\n", attn.A.value(), attn.O.value(), J.value().item());

@@ -20,6 +20,7 @@
 #include "models/multihead.hpp"
 #include "models/optimizer.hpp"
 #include "ops/add.hpp"
+#include "ops/operators.hpp"
 #include "ops/cross_entropy.hpp"
 #include "ops/embedding.hpp"
 
@@ -152,10 +153,11 @@ struct RetrievalVars {
 template <Scalar T>
 Var<T> retrieval_logits(const RetrievalVars<T>& p, const RetrievalBatch& batch, std::size_t heads,
                         AttentionKernel kernel = AttentionKernel::composed) {
-    const Var<T> X = add(add(embedding(p.E, std::span<const std::size_t>(batch.key_tokens), batch.size),
-                             embedding(p.E, std::span<const std::size_t>(batch.value_tokens), batch.size)),
-                         embedding(p.P, std::span<const std::size_t>(batch.positions), batch.size))
-                         .named("X");
+    // Recorded one by one: the operands of an operator expression are evaluated in no fixed order.
+    const Var<T> keys = embedding(p.E, std::span<const std::size_t>(batch.key_tokens), batch.size);
+    const Var<T> values = embedding(p.E, std::span<const std::size_t>(batch.value_tokens), batch.size);
+    const Var<T> positions = embedding(p.P, std::span<const std::size_t>(batch.positions), batch.size);
+    const Var<T> X = (keys + values + positions).named("X");
     MultiHeadOptions options;
     options.heads = heads;
     options.causal = true;

@@ -50,7 +50,7 @@ int main() {
         // J = Σ O ∘ G, the spec's probe, on a tape of any scalar type.
         const auto objective = [&G](const auto& O) {
             using T = typename std::decay_t<decltype(O)>::scalar_type;
-            return sum(mul(O, O.tape().constant(tensor_cast<T>(G), "G")));
+            return sum(O * O.tape().constant(tensor_cast<T>(G), "G"));
         };
 
         // Forward and backward with Q, K, V as the leaves.

@@ -23,6 +23,7 @@
 #include "ops/dropout.hpp"
 #include "ops/mask.hpp"
 #include "ops/matmul.hpp"
+#include "ops/operators.hpp"
 #include "ops/scale.hpp"
 #include "ops/softmax.hpp"
 #include "ops/transpose.hpp"
@@ -64,7 +65,7 @@ template <Scalar T>
 AttentionResult<T> compose_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const Tensor<double>* visible,
                                      const std::optional<DropoutSettings>& dropout) {
     const std::size_t d = Q.shape().cols();
-    const Var<T> S = scale(matmul(Q, transpose(K)), inv_sqrt<T>(d)).named("S");
+    const Var<T> S = (matmul(Q, transpose(K)) * inv_sqrt<T>(d)).named("S");  // records scale
     const Var<T> scores = visible ? mask(S, Q.tape().constant(tensor_cast<T>(*visible), "attention mask")) : S;
     const Var<T> A = softmax(scores).named("A");
     const Var<T> A_dropped =

@@ -113,7 +113,7 @@ template <Scalar T>
 Outputs<T> attention_probe(const Var<T>& X, const Var<T>& Wq, const Var<T>& Wk, const Var<T>& Wv,
                            const Tensor<double>& G, bool causal) {
     const AttentionResult<T> attn = causal ? causal_attention(X, Wq, Wk, Wv) : attention(X, Wq, Wk, Wv);
-    const Var<T> J = sum(mul(attn.O, X.tape().constant(tensor_cast<T>(G), "G"))).named("J");
+    const Var<T> J = sum(attn.O * X.tape().constant(tensor_cast<T>(G), "G")).named("J");
     return {attn.A, attn.O, J};
 }
 
