@@ -323,7 +323,8 @@ Verdict compare(Checked<N>& c, const Where& where, const mp50& analytic_mp,
                              double threshold) {
         const double error = mixed_error(analytic, reference);
         if (!(error <= threshold)) verdict.outcome = Outcome::failure;
-        if (source == Source::mp_tape) verdict.mp_error = std::max(verdict.mp_error, error);
+        const bool from_mp_tape = source == Source::mp_tape || source == Source::mp_tape_at_kink;
+        if (from_mp_tape) verdict.mp_error = std::max(verdict.mp_error, error);
         c.tally.add(Mismatch{where.leaf, where.index, where.branch, source, to_double(analytic),
                              to_double(reference), step, to_double(mp50(abs(analytic - reference))), error,
                              threshold});
@@ -337,7 +338,7 @@ Verdict compare(Checked<N>& c, const Where& where, const mp50& analytic_mp,
             verdict.kink = Kink{where.leaf, where.index, where.branch, to_double(left), to_double(right),
                                 to_double(analytic_mp)};
         } else {
-            against(Source::mp_tape, analytic_mp, nearest, c.options.steps[1], c.options.kink_threshold);
+            against(Source::mp_tape_at_kink, analytic_mp, nearest, c.options.steps[1], c.options.kink_threshold);
         }
         return verdict;
     }

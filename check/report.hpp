@@ -72,8 +72,10 @@ struct CheckOptions {
 };
 
 // What an analytic derivative was compared with the 50-digit differences from: the 50-digit
-// tape, the double tape, or (step agreement) the difference at steps[0] against the one at steps[1].
-enum class Source { mp_tape, double_tape, step_agreement };
+// tape, the double tape, or (step agreement) the difference at steps[0] against the one at
+// steps[1]; at a kink, the 50-digit tape against the nearer one-sided difference (its value lies
+// outside both).
+enum class Source { mp_tape, double_tape, step_agreement, mp_tape_at_kink };
 
 // The words the report prints for each source.
 constexpr std::string_view to_string(Source source) {
@@ -81,6 +83,7 @@ constexpr std::string_view to_string(Source source) {
         case Source::mp_tape: return "50-digit tape";
         case Source::double_tape: return "double tape";
         case Source::step_agreement: return "step agreement";
+        case Source::mp_tape_at_kink: return "50-digit tape at a kink";
     }
     return "unknown source";
 }
@@ -173,10 +176,11 @@ struct CheckReport {
             max_error_mp, max_step_disagreement, kinks_clause(kinks, "; "), seconds);
         for (const Mismatch& m : worst) {
             text += fmt::format(
-                "\n  leaf {} index {}{}: analytic ({}) = {:.17g}, numeric (50-digit central difference, h={:g}) = "
+                "\n  leaf {} index {}{}: analytic ({}) = {:.17g}, numeric (50-digit {} difference, h={:g}) = "
                 "{:.17g}, abs error {:.3g}, rel error {:.3g} > threshold {:.0e}",
                 m.leaf, m.index, m.branch.empty() ? "" : " branch " + m.branch, to_string(m.source), m.analytic,
-                m.step, m.numeric, m.abs_error, m.rel_error, m.threshold);
+                m.source == Source::mp_tape_at_kink ? "nearer one-sided" : "central", m.step, m.numeric,
+                m.abs_error, m.rel_error, m.threshold);
         }
         for (const Kink& k : first_kinks) {
             text += fmt::format(

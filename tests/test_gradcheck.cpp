@@ -113,4 +113,5 @@ BOOST_AUTO_TEST_CASE(the_report_prints_modes_and_sources_in_the_same_words) {
     BOOST_TEST(to_string(Source::mp_tape) == "50-digit tape");
     BOOST_TEST(to_string(Source::double_tape) == "double tape");
     BOOST_TEST(to_string(Source::step_agreement) == "step agreement");
+    BOOST_TEST(to_string(Source::mp_tape_at_kink) == "50-digit tape at a kink");
 }

@@ -403,4 +403,7 @@ BOOST_AUTO_TEST_CASE(an_analytic_value_outside_the_one_sided_derivatives_at_a_ki
     BOOST_TEST_REQUIRE(!report.worst.empty());
     BOOST_TEST(report.worst.front().index == "(0, 1)");
     BOOST_TEST(report.worst.front().numeric == 1.0, one_sided_precision);  // the nearer side
+    BOOST_TEST(report.worst.front().source == Source::mp_tape_at_kink);
+    BOOST_TEST(mentions(report.summary(), "analytic (50-digit tape at a kink) = 3, numeric (50-digit nearer one-sided difference"),
+               report.summary());
 }
