@@ -1,7 +1,7 @@
 // logsumexp: the smooth maximum along one axis, Y = log Σ_j exp(X[..., j, ...]) (the log of a
 // softmax's denominator, a log-likelihood's normaliser).
 //   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r) -> Y with d_a removed (a rank-1 X gives a
-//   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/sum_axis.hpp.
+//   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
 // Stable: with m = max_j X[o, j, i] per lane, Y = m + log Σ_j exp(X[o, j, i] − m). Every exponent
 // is ≤ 0 (no overflow) and one is 0 (the sum is ≥ 1, so the log never sees an underflowed 0):
 // elements of ±1e4 and beyond give finite, correctly rounded results, where the naive formula gives

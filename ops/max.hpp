@@ -1,7 +1,7 @@
 // max: the largest element along one axis, Y = max_j X[..., j, ...] (max pooling over a sequence,
 // the largest score of a row).
 //   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r) -> Y with d_a removed (a rank-1 X gives a
-//   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/sum_axis.hpp. −inf elements are
+//   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp. −inf elements are
 //   ordinary values (a lane of −inf only has the maximum −inf).
 // VJP: dX[o, j, i] = G[o, i] at j = j*(o, i), the FIRST index along the axis where X equals the
 // maximum; 0 everywhere else.

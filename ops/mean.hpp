@@ -1,7 +1,7 @@
 // mean: averages the elements along one axis, Y = (1/n)·Σ_j X[..., j, ...] (a per-row or
 // per-feature average, e.g. a mean over a sequence).
 //   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r), n = d_a -> Y with d_a removed (a rank-1 X
-//   gives a scalar) or kept as 1 (keepdims); lanes and shapes as in ops/sum_axis.hpp.
+//   gives a scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
 // Y[o, i] = (Σ_j X[o, j, i]) / n: the lane's total divided by n in T's own precision (one
 // correctly rounded division, so a 50-digit tape keeps its 50 digits).
 // VJP: dX[o, j, i] = G[o, i] / n.
