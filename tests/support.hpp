@@ -12,6 +12,7 @@
 #include <functional>
 #include <ostream>
 #include <random>
+#include <string>
 
 namespace tapegrad {
 
@@ -132,6 +133,18 @@ template <class Op, class... Shapes>
 CheckReport check_op_seeded_only(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
     return check_op_seeded(op, rng, values);
+}
+
+// The message of the `Exception` that f() throws, or a text saying none was thrown (which no
+// test's expected words match).
+template <class Exception, class F>
+std::string message_of(F f) {
+    try {
+        f();
+    } catch (const Exception& e) {
+        return e.what();
+    }
+    return "(no exception of the expected type)";
 }
 
 template <class V>

@@ -8,6 +8,7 @@
 #include <cmath>
 
 using namespace tapegrad;
+using tapegrad::testing::message_of;
 using tapegrad::testing::probe;
 using tapegrad::testing::random_tensor;
 
@@ -19,16 +20,6 @@ Tensor<double> rows_of(const Tensor<double>& x, std::size_t begin, std::size_t e
     std::copy(x.data().begin() + static_cast<std::ptrdiff_t>(begin * x.cols()),
               x.data().begin() + static_cast<std::ptrdiff_t>(end * x.cols()), part.data().begin());
     return part;
-}
-
-template <class E, class F>
-std::string message_of(F f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    }
-    return "(no exception)";
 }
 
 }  // namespace

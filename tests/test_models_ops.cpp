@@ -9,6 +9,7 @@
 #include <limits>
 
 using namespace tapegrad;
+using tapegrad::testing::message_of;
 using tapegrad::testing::check_op;
 using tapegrad::testing::OpCase;
 using tapegrad::testing::OpDims;
@@ -51,16 +52,6 @@ const std::vector<OpCase> op_table = {
     {"merge_heads", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.batch, d.k, d.m, d.n}); }},
     {"merge_heads rank 3", [](const OpDims& d, auto& rng) { return check_op([](auto in) { return merge_heads(in[0]); }, rng, Shape{d.k, d.m, d.n}); }},
 };
-
-template <class Exception, class F>
-std::string message_of(F f) {
-    try {
-        f();
-    } catch (const Exception& e) {
-        return e.what();
-    }
-    return "(no exception)";
-}
 
 }  // namespace
 

@@ -23,6 +23,7 @@
 #include <utility>
 
 using namespace tapegrad;
+using tapegrad::testing::message_of;
 using tapegrad::testing::check_op;
 using tapegrad::testing::OpCase;
 using tapegrad::testing::OpDims;
@@ -141,16 +142,6 @@ Tensor<double> time_block(const Tensor<double>& x, std::size_t begin, std::size_
         for (std::size_t t = begin; t < end; ++t)
             for (std::size_t c = 0; c < s[2]; ++c) part.at({b, t - begin, c}) = x.at({b, t, c});
     return part;
-}
-
-template <class E, class F>
-std::string message_of(F f) {
-    try {
-        f();
-    } catch (const E& e) {
-        return e.what();
-    }
-    return "(no exception of the expected type)";
 }
 
 }  // namespace
