@@ -6,6 +6,7 @@
 // reports peak memory. One line per measurement, `key=value` fields, so the output can be
 // pasted into the README and diffed between runs.
 #include "tapegrad.hpp"
+#include "timing.hpp"
 
 #include <fmt/format.h>
 #include <sys/resource.h>
@@ -32,22 +33,10 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using timing::median;
+using timing::thread_seconds;
+
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// CPU time of the calling thread. The single-threaded timings use it rather than the wall clock:
-// this machine is shared, and time spent descheduled would otherwise be charged to whichever
-// contender happened to be running (both tapegrad and LibTorch run on this thread at threads=1).
-double thread_seconds() {
-    timespec now{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
-
-double median(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    const std::size_t n = values.size();
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
 
 Tensor<double> random_tensor(const Shape& shape, std::mt19937_64& rng) {
     std::normal_distribution<double> normal(0.0, 1.0);

@@ -12,6 +12,7 @@
 //
 // Usage: bench_operators [n ...]    (default: n = 64 4096)
 #include "tapegrad.hpp"
+#include "timing.hpp"
 #include "ops/operators.hpp"
 
 #include <fmt/format.h>
@@ -29,17 +30,8 @@ using namespace tapegrad;
 
 namespace {
 
-double thread_seconds() {
-    timespec now{};
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-}
-
-double median(std::vector<double> values) {
-    std::sort(values.begin(), values.end());
-    const std::size_t n = values.size();
-    return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
+using timing::median;
+using timing::thread_seconds;
 
 Tensor<double> uniform_tensor(std::size_t n, std::mt19937_64& rng) {
     std::uniform_real_distribution<double> uniform(-1.0, 1.0);  // a + 2.0 stays in (1, 3): no zero divisor
