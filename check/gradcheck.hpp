@@ -44,12 +44,15 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <span>
@@ -170,6 +173,8 @@ private:
     std::size_t keep_;
 };
 
+class WorkSplit;
+
 // What the stages share: the inputs, both recordings, the analytic gradients, the replay
 // workspaces, the comparisons so far and the report being filled.
 template <std::size_t N>
@@ -187,6 +192,7 @@ struct Checked {
     std::vector<ReplayWorkspace<mp50>> workspaces;  // one per thread of a parallel_for
     Tally tally;
     CheckReport report;
+    WorkSplit* split = nullptr;  // how the finite differences are shared among processes; none: all here
 
     unsigned threads() const { return static_cast<unsigned>(workspaces.size()); }
 };
@@ -263,32 +269,121 @@ inline bool at_kink(const std::array<Differences, 2>& numeric, double threshold)
     return parted(numeric[0]) && parted(numeric[1]) && converged;
 }
 
-// One coordinate of one leaf.
-struct Coordinate {
-    std::size_t leaf, index;
+// One finite difference to take: a coordinate of one leaf, or a direction over every leaf (fast
+// mode) or over one leaf (a branch); with `edge`, only that consumer sees the moved leaf.
+struct Probe {
+    std::size_t leaf = 0;   // the coordinate's leaf, or a branch direction's leaf
+    std::size_t index = 0;  // the coordinate (unused for a direction)
+    std::optional<Edge> edge{};
+    std::span<const Tensor<mp50>> direction{};  // empty: a coordinate; one part: leaf `leaf`; N parts: all
 };
 
-// numeric_derivative at each coordinate, spread over the threads; with `edge`, of that branch only.
-// Only the differences run in parallel: the callers compare them afterwards, in order, so the
-// report does not depend on the number of threads.
+// Every coordinate of leaf `l`, of the whole gradient or (with `edge`) of one branch.
 template <std::size_t N>
-std::vector<std::array<Differences, 2>> coordinate_derivatives(Checked<N>& c,
-                                                               const std::vector<Coordinate>& coordinates,
-                                                               const std::optional<Edge>& edge = std::nullopt) {
-    // Each thread moves coordinates of its own copies of the leaves, made when it first needs one.
-    std::vector<std::array<Tensor<mp50>, N>> scratch(c.threads());
-    std::vector<std::array<Differences, 2>> numeric(coordinates.size());
-    parallel_for(
-        coordinates.size(),
-        [&](std::size_t i, unsigned thread) {
-            const Coordinate at = coordinates[i];
-            const Var<mp50>& leaf = c.in_mp->leaves[at.leaf];
-            Tensor<mp50>& moved = scratch[thread][at.leaf];
-            if (moved.size() == 0) moved = leaf.value();  // leaves are never empty
-            const Move move{leaf, edge, nullptr, at.index, &moved};
-            numeric[i] = numeric_derivative(*c.in_mp, std::span(&move, 1), c.options.steps, c.workspaces[thread]);
-        },
-        c.threads());
+std::vector<Probe> coordinate_probes(const Checked<N>& c, std::size_t l, const std::optional<Edge>& edge = {}) {
+    std::vector<Probe> probes;
+    for (std::size_t k = 0; k < c.leaves[l].value.size(); ++k) probes.push_back({l, k, edge, {}});
+    return probes;
+}
+
+// The differences of one probe, with this thread's copies of the leaves (made when first needed).
+template <std::size_t N>
+std::array<Differences, 2> take_probe(const Checked<N>& c, const Probe& probe, std::array<Tensor<mp50>, N>& scratch,
+                                      ReplayWorkspace<mp50>& workspace) {
+    const auto move_of = [&](std::size_t l, const Tensor<mp50>* direction) {
+        const Var<mp50>& leaf = c.in_mp->leaves[l];
+        if (scratch[l].size() == 0) scratch[l] = leaf.value();  // leaves are never empty
+        return Move{leaf, probe.edge, direction, probe.index, &scratch[l]};
+    };
+    std::vector<Move> moves;
+    if (probe.direction.empty()) moves.push_back(move_of(probe.leaf, nullptr));
+    else if (probe.direction.size() == 1) moves.push_back(move_of(probe.leaf, &probe.direction[0]));
+    else
+        for (std::size_t l = 0; l < N; ++l) moves.push_back(move_of(l, &probe.direction[l]));
+    return numeric_derivative(*c.in_mp, std::span<const Move>(moves), c.options.steps, workspace);
+}
+
+// What a probe costs to replay, roughly: the multiply-adds and output elements of every node the
+// moved leaf reaches (through `edge` only, when set). Only the ratios matter (how the probes are
+// shared among processes), and probes of one leaf cost about the same.
+template <std::size_t N>
+double replay_cost(const Checked<N>& c, const Probe& probe) {
+    const Tape<mp50>& tape = c.in_mp->tape;
+    std::vector<std::uint32_t> moved;
+    for (std::size_t l = 0; l < N; ++l)
+        if (probe.direction.size() > 1 || l == probe.leaf) moved.push_back(c.in_mp->leaves[l].index());
+    const std::size_t output = c.in_mp->output.index();
+    std::vector<char> reached(output + 1, 0);
+    double cost = 0;
+    for (std::size_t i = 0; i <= output; ++i) {
+        const NodeInfo node = tape.info(i);
+        for (std::uint32_t slot = 0; slot < node.inputs.size(); ++slot) {
+            const std::uint32_t source = node.inputs[slot];
+            const bool from_moved = std::find(moved.begin(), moved.end(), source) != moved.end() &&
+                                    (!probe.edge || (probe.edge->consumer == i && probe.edge->slot == slot));
+            reached[i] = reached[i] || reached[source] || from_moved;
+        }
+        if (reached[i]) cost += static_cast<double>(node.cost.forward_madds + node.shape.size());
+    }
+    return cost;
+}
+
+// replay_cost of each probe; consecutive probes of one leaf (and edge) share theirs.
+template <std::size_t N>
+std::vector<double> replay_costs(const Checked<N>& c, std::span<const Probe> probes) {
+    std::vector<double> costs;
+    for (std::size_t i = 0; i < probes.size(); ++i) {
+        const Probe& p = probes[i];
+        const Probe* before = i > 0 ? &probes[i - 1] : nullptr;
+        const bool same = before && before->leaf == p.leaf && before->direction.size() == p.direction.size() &&
+                          before->edge.has_value() == p.edge.has_value() &&
+                          (!p.edge || (before->edge->consumer == p.edge->consumer && before->edge->slot == p.edge->slot));
+        costs.push_back(same ? costs.back() : replay_cost(c, p));
+    }
+    return costs;
+}
+
+// Who takes which finite differences. One process takes them all (no split); check/distributed.hpp
+// gives each MPI rank its share and gathers the others'.
+class WorkSplit {
+public:
+    virtual ~WorkSplit() = default;
+    // Takes this process's share of the items by calling take(items), and fills `numeric` (sized
+    // like `costs`) with every item's differences, its own and the other processes'. costs[i] is
+    // item i's replay_cost. Throws when any process failed (then no process goes on).
+    virtual void share(std::span<const double> costs, const std::function<void(std::span<const std::size_t>)>& take,
+                       std::vector<std::array<Differences, 2>>& numeric) = 0;
+};
+
+// The differences of every probe, in order. This process's share is spread over its threads;
+// the callers compare the differences afterwards, in order, so the report depends neither on the
+// number of threads nor on the number of processes.
+template <std::size_t N>
+std::vector<std::array<Differences, 2>> take_derivatives(Checked<N>& c, std::string_view stage,
+                                                         std::span<const Probe> probes) {
+    std::vector<std::array<Differences, 2>> numeric(probes.size());
+    const auto start = std::chrono::steady_clock::now();
+    const auto take = [&](std::span<const std::size_t> items) {
+        std::vector<std::array<Tensor<mp50>, N>> scratch(c.threads());
+        std::atomic<std::size_t> done{0};
+        parallel_for(
+            items.size(),
+            [&](std::size_t i, unsigned thread) {
+                numeric[items[i]] = take_probe(c, probes[items[i]], scratch[thread], c.workspaces[thread]);
+                const std::size_t finished = ++done;
+                if (thread != 0 || !c.options.progress) return;
+                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                c.options.progress(CheckProgress{stage, finished, items.size(), probes.size(), seconds});
+            },
+            c.threads());
+    };
+    if (c.split == nullptr) {
+        std::vector<std::size_t> all(probes.size());
+        std::iota(all.begin(), all.end(), std::size_t{0});
+        take(all);
+        return numeric;
+    }
+    c.split->share(replay_costs(c, probes), take, numeric);
     return numeric;
 }
 
@@ -477,12 +572,14 @@ void check_backward_consistency(Checked<N>& c) {
 // Every coordinate of every leaf, perturbed on its own.
 template <std::size_t N>
 void full_check(Checked<N>& c) {
-    std::vector<Coordinate> coordinates;
-    for (std::size_t l = 0; l < N; ++l)
-        for (std::size_t k = 0; k < c.leaves[l].value.size(); ++k) coordinates.push_back({l, k});
-    const std::vector<std::array<Differences, 2>> numeric = coordinate_derivatives(c, coordinates);
-    for (std::size_t i = 0; i < coordinates.size(); ++i) {
-        const auto [l, k] = coordinates[i];
+    std::vector<Probe> probes;
+    for (std::size_t l = 0; l < N; ++l) {
+        const std::vector<Probe> of_leaf = coordinate_probes(c, l);
+        probes.insert(probes.end(), of_leaf.begin(), of_leaf.end());
+    }
+    const std::vector<std::array<Differences, 2>> numeric = take_derivatives(c, "full check", probes);
+    for (std::size_t i = 0; i < probes.size(); ++i) {
+        const std::size_t l = probes[i].leaf, k = probes[i].index;
         ++c.report.coordinates;
         const Where where{c.leaves[l].name, index_string(c.leaves[l].value.shape(), k), ""};
         count_coordinate(c, compare(c, where, c.grad_mp[l][k], c.grad_double[l][k], numeric[i]), c.report.failures,
@@ -497,24 +594,22 @@ template <std::size_t N>
 void fast_check(Checked<N>& c) {
     c.report.mode = CheckMode::fast;
     std::mt19937_64 generator(c.options.seed);
-    bool all_agree = true;
-    for (std::size_t k = 0; k < c.options.directions; ++k) {
-        std::array<Tensor<mp50>, N> direction, scratch;
-        std::array<Move, N> moves;
-        for (std::size_t l = 0; l < N; ++l) {
-            direction[l] = Tensor<mp50>(c.leaves[l].value.shape());
-            scratch[l] = c.in_mp->leaves[l].value();
-            moves[l] = Move{c.in_mp->leaves[l], std::nullopt, &direction[l], 0, &scratch[l]};
-        }
+    std::vector<std::array<Tensor<mp50>, N>> directions(c.options.directions);
+    std::vector<Probe> probes;
+    for (std::array<Tensor<mp50>, N>& direction : directions) {
+        for (std::size_t l = 0; l < N; ++l) direction[l] = Tensor<mp50>(c.leaves[l].value.shape());
         random_unit_direction(generator, direction);
-        const std::array<Differences, 2> numeric =
-            numeric_derivative(*c.in_mp, moves, c.options.steps, c.workspaces[0]);
+        probes.push_back(Probe{0, 0, std::nullopt, direction});
+    }
+    const std::vector<std::array<Differences, 2>> numeric = take_derivatives(c, "fast check", probes);
+    bool all_agree = true;
+    for (std::size_t k = 0; k < directions.size(); ++k) {
         ++c.report.coordinates;
-        const mp50 along_mp = inner_product(c.grad_mp, direction);
+        const mp50 along_mp = inner_product(c.grad_mp, std::span<const Tensor<mp50>>(directions[k]));
         // The double side is compared through the mp sum of its products (exact for the inputs).
-        const double along_double = to_double(inner_product(c.grad_double, direction));
+        const double along_double = to_double(inner_product(c.grad_double, std::span<const Tensor<mp50>>(directions[k])));
         const Where where{fmt::format("direction {}", k), "(all leaves)", ""};
-        const Outcome outcome = compare(c, where, along_mp, along_double, numeric).outcome;
+        const Outcome outcome = compare(c, where, along_mp, along_double, numeric[k]).outcome;
         if (outcome == Outcome::failure) ++c.report.failures;
         all_agree = all_agree && outcome == Outcome::pass;
     }
@@ -545,23 +640,25 @@ inline std::string consumer_name(const Tape<mp50>& tape, const Edge& edge) {
 }
 
 // The branch along a few random unit directions over its leaf; false as soon as one disagrees or
-// is at a kink (the coordinates then say which).
+// is at a kink (the coordinates then say which). All directions are taken at once (they may be
+// shared among processes) and compared in order, so the report is the same either way.
 template <std::size_t N>
 bool branch_directions_agree(Checked<N>& c, std::size_t l, const Edge& edge, const Tensor<mp50>& analytic,
                              BranchReport& branch) {
-    const Var<mp50>& leaf = c.in_mp->leaves[l];
     // Seeded per edge, so each branch gets its own directions whatever else the graph holds.
     std::mt19937_64 generator(c.options.seed + 7919 * (edge.consumer + 1) + edge.slot);
-    Tensor<mp50> direction(leaf.shape());
-    Tensor<mp50> scratch = leaf.value();
-    for (std::size_t k = 0; k < c.options.directions; ++k) {
+    std::vector<Tensor<mp50>> directions(c.options.directions, Tensor<mp50>(c.leaves[l].value.shape()));
+    std::vector<Probe> probes;
+    for (Tensor<mp50>& direction : directions) {
         random_unit_direction(generator, std::span(&direction, 1));
-        const Move move{leaf, edge, &direction, 0, &scratch};
-        const std::array<Differences, 2> numeric =
-            numeric_derivative(*c.in_mp, std::span(&move, 1), c.options.steps, c.workspaces[0]);
-        const mp50 along = inner_product(std::span(&analytic, 1), std::span(&direction, 1));
+        probes.push_back(Probe{l, 0, edge, std::span(&direction, 1)});
+    }
+    const std::vector<std::array<Differences, 2>> numeric =
+        take_derivatives(c, fmt::format("branch {} via {}", c.leaves[l].name, branch.consumer), probes);
+    for (std::size_t k = 0; k < directions.size(); ++k) {
+        const mp50 along = inner_product(std::span(&analytic, 1), std::span<const Tensor<mp50>>(&directions[k], 1));
         const Where where{c.leaves[l].name, fmt::format("(direction {})", k), branch.consumer};
-        const Verdict verdict = compare(c, where, along, std::nullopt, numeric);
+        const Verdict verdict = compare(c, where, along, std::nullopt, numeric[k]);
         branch.max_error_mp = std::max(branch.max_error_mp, verdict.mp_error);
         if (verdict.outcome != Outcome::pass) return false;
     }
@@ -572,9 +669,8 @@ bool branch_directions_agree(Checked<N>& c, std::size_t l, const Edge& edge, con
 template <std::size_t N>
 void check_branch_coordinates(Checked<N>& c, std::size_t l, const Edge& edge, const Tensor<mp50>& analytic,
                               BranchReport& branch) {
-    std::vector<Coordinate> coordinates;
-    for (std::size_t k = 0; k < analytic.size(); ++k) coordinates.push_back({l, k});
-    const std::vector<std::array<Differences, 2>> numeric = coordinate_derivatives(c, coordinates, edge);
+    const std::vector<std::array<Differences, 2>> numeric = take_derivatives(
+        c, fmt::format("branch {} via {}", c.leaves[l].name, branch.consumer), coordinate_probes(c, l, edge));
     for (std::size_t k = 0; k < analytic.size(); ++k) {
         const Where where{c.leaves[l].name, index_string(analytic.shape(), k), branch.consumer};
         Verdict verdict = compare(c, where, analytic[k], std::nullopt, numeric[k]);
@@ -633,6 +729,29 @@ CheckReport finish(Checked<N>& c, std::chrono::steady_clock::time_point start) {
     return report;
 }
 
+// The stages in order, the finite differences shared as `split` says (nullptr: all taken here).
+template <std::size_t N, class Graph, class HandGradients>
+CheckReport run_check(Graph& graph, const NamedTensor (&leaves)[N], const CheckOptions& options,
+                      HandGradients& hand_gradients, WorkSplit* split) {
+    constexpr bool from_tape = std::is_same_v<HandGradients, TapeGradients>;
+    const auto start = std::chrono::steady_clock::now();
+    refuse_bad_leaves(leaves);
+    Checked<N> checked(leaves, options);
+    checked.split = split;
+    if (!record_both(checked, graph)) return std::move(checked.report);  // nothing to compare
+    if constexpr (from_tape) {
+        tape_gradients(checked);
+        if (options.check_consistency) check_backward_consistency(checked);
+    } else {
+        hand_derived_gradients(checked, hand_gradients);
+    }
+    if (options.mode == CheckOptions::Mode::fast) fast_check(checked);  // falls back to full itself
+    else full_check(checked);
+    // Branches are known from the tape only.
+    if (from_tape && options.check_branches) attribute_branches(checked);
+    return finish(checked, start);
+}
+
 }  // namespace detail
 
 // Checks the gradients of `graph` with respect to each leaf. See the top of this file.
@@ -640,22 +759,7 @@ CheckReport finish(Checked<N>& c, std::chrono::steady_clock::time_point start) {
 template <std::size_t N, class Graph, class HandGradients = TapeGradients>
 CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const CheckOptions& options = {},
                             HandGradients hand_gradients = {}) {
-    constexpr bool from_tape = std::is_same_v<HandGradients, TapeGradients>;
-    const auto start = std::chrono::steady_clock::now();
-    detail::refuse_bad_leaves(leaves);
-    detail::Checked<N> checked(leaves, options);
-    if (!detail::record_both(checked, graph)) return std::move(checked.report);  // nothing to compare
-    if constexpr (from_tape) {
-        detail::tape_gradients(checked);
-        if (options.check_consistency) detail::check_backward_consistency(checked);
-    } else {
-        detail::hand_derived_gradients(checked, hand_gradients);
-    }
-    if (options.mode == CheckOptions::Mode::fast) detail::fast_check(checked);  // falls back to full itself
-    else detail::full_check(checked);
-    // Branches are known from the tape only.
-    if (from_tape && options.check_branches) detail::attribute_branches(checked);
-    return detail::finish(checked, start);
+    return detail::run_check(graph, leaves, options, hand_gradients, nullptr);
 }
 
 }  // namespace tapegrad

@@ -10,12 +10,24 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace tapegrad {
+
+// How far a check has come, for a progress display: the finite differences of one stage taken
+// by this process so far, of those it takes, and of all processes' (they differ only when the
+// check is spread over MPI ranks, check/distributed.hpp), and the seconds the stage has run.
+struct CheckProgress {
+    std::string_view stage;  // "full check", "fast check", "branch X via matmul -> Q (input 0)"
+    std::size_t done = 0;
+    std::size_t mine = 0;
+    std::size_t all = 0;
+    double seconds = 0;
+};
 
 struct CheckOptions {
     enum class Mode { full, fast };
@@ -68,6 +80,10 @@ struct CheckOptions {
     bool check_branches = true;     // attribute summed gradients to their branches
     bool check_consistency = true;  // backward twice, zero seed
     std::size_t max_reported = 5;   // worst mismatches kept in the report
+    // Called after each finite difference this process takes, from one thread at a time (the
+    // first thread of the checker's parallel_for); empty: no progress is reported. It reports and
+    // changes nothing, so the report does not depend on it.
+    std::function<void(const CheckProgress&)> progress{};
     // Threads: the library's one setting, tapegrad::set_threads (autodiff/parallel.hpp).
 };
 
