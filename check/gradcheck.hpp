@@ -33,7 +33,10 @@
 //   attribute_branches           each consumer's share of a shared leaf's gradient,
 //   finish                       the figures into the report.
 // Every finite difference goes through numeric_derivative; every comparison (and every kink
-// classification) through compare.
+// classification) through compare. The stages list the differences they need as probes and get
+// them all from take_derivatives, which spreads them over the threads (and, given a WorkSplit,
+// over processes: check/distributed.hpp), then compare them in order: the report depends on
+// neither the threads nor the processes.
 #pragma once
 
 #include "autodiff/parallel.hpp"

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <span>
 #include <vector>
 
 namespace tapegrad {
@@ -110,6 +111,22 @@ inline RetrievalBatch make_retrieval_batch(const RetrievalConfig& config, std::s
         batch.targets.push_back(values[asked]);
     }
     return batch;
+}
+
+// Sequences [begin, end) of `batch`: one worker's slice in data-parallel training.
+inline RetrievalBatch slice_of(const RetrievalBatch& batch, std::size_t begin, std::size_t end) {
+    if (!(begin < end && end <= batch.size)) {
+        throw value_error(fmt::format("slice_of: sequences [{}, {}) of a batch of {}", begin, end, batch.size));
+    }
+    const std::size_t T = batch.length;
+    const auto rows = [&](const std::vector<std::size_t>& v, std::size_t per_sequence) {
+        return std::vector<std::size_t>(v.begin() + static_cast<std::ptrdiff_t>(begin * per_sequence),
+                                        v.begin() + static_cast<std::ptrdiff_t>(end * per_sequence));
+    };
+    RetrievalBatch slice{end - begin, T, rows(batch.key_tokens, T), rows(batch.value_tokens, T),
+                         rows(batch.positions, T), {}, rows(batch.targets, 1)};
+    for (std::size_t b = 0; b < slice.size; ++b) slice.last_rows.push_back(b * T + T - 1);
+    return slice;
 }
 
 // The parameters, as plain tensors (what the optimizer updates).
@@ -192,16 +209,37 @@ public:
 
     // One Adam step on `batch`; returns the loss before the step.
     double step(const RetrievalBatch& batch) {
+        return step(batch, 1.0, [](std::span<double>) {});
+    }
+
+    // One data-parallel Adam step: `batch` is this worker's slice of the global batch and `share`
+    // its fraction of the global batch's sequences. The slice's mean loss and its gradients, times
+    // `share`, go into one buffer (every parameter's gradient, then the loss) that
+    // `sum_over_workers` sums in place over the workers (one all-reduce), which makes them the
+    // global batch's mean loss and gradients; every worker then takes the same Adam step.
+    // Returns the global loss before the step.
+    template <class SumOverWorkers>
+    double step(const RetrievalBatch& batch, double share, SumOverWorkers&& sum_over_workers) {
         const RetrievalVars<double> vars = record_parameters();
         const Var<double> J = retrieval_loss(vars, batch, config_.heads, config_.kernel);
         tape_.backward(J);
-        const double loss = J.value().item();
-        const std::array<const Tensor<double>*, 7> gradients{&vars.E.grad(),   &vars.P.grad(),   &vars.W_Q.grad(),
-                                                             &vars.W_K.grad(), &vars.W_V.grad(), &vars.W_O.grad(),
-                                                             &vars.W_U.grad()};
+        const std::array<const Var<double>*, 7> leaves{&vars.E, &vars.P, &vars.W_Q, &vars.W_K, &vars.W_V, &vars.W_O,
+                                                       &vars.W_U};
+        buffer_.clear();
+        for (const Var<double>* leaf : leaves)
+            for (const double g : leaf->grad().data()) buffer_.push_back(share * g);
+        buffer_.push_back(share * J.value().item());
+        sum_over_workers(std::span<double>(buffer_));
+        std::size_t k = 0;
+        for (std::size_t p = 0; p < leaves.size(); ++p) {
+            summed_[p].resize(leaves[p]->shape());
+            for (double& g : summed_[p].data()) g = buffer_[k++];
+        }
+        const std::array<const Tensor<double>*, 7> gradients{&summed_[0], &summed_[1], &summed_[2], &summed_[3],
+                                                             &summed_[4], &summed_[5], &summed_[6]};
         std::array<Tensor<double>*, 7> parameters = parameters_.all();
         adam_.step(parameters, gradients);
-        return loss;
+        return buffer_.back();
     }
 
     // Loss and accuracy on `batch`, without updating anything.
@@ -229,6 +267,50 @@ private:
     RetrievalParameters parameters_;
     Adam adam_;
     Tape<double> tape_;
+    std::vector<double> buffer_;             // weighted gradients and loss, summed over the workers
+    std::array<Tensor<double>, 7> summed_;  // the summed gradients, shaped like the parameters
 };
+
+// How a training run goes: its length, global batch and data, and the learning-rate schedule
+// (linear decay to a tenth of the peak: once the loss is near zero, a large Adam step, whose
+// m̂/√v̂ ≈ 1 whatever the gradient's size, would throw the model off the solution).
+struct TrainingPlan {
+    std::size_t steps = 1000;
+    std::size_t batch_size = 64;   // sequences per step, over all workers
+    std::uint64_t data_seed = 2026;
+};
+
+// One worker of `workers`: which of them, and how many.
+struct Worker {
+    std::size_t rank = 0;
+    std::size_t workers = 1;
+};
+
+// Trains for plan.steps steps; every worker draws the same global batch and takes its slice
+// (contiguous sequences, as even as can be). on_step(step, loss) sees each step's global loss.
+// Returns the losses.
+template <class SumOverWorkers, class OnStep>
+std::vector<double> train(RetrievalTrainer& trainer, const TrainingPlan& plan, const Worker& worker,
+                          SumOverWorkers&& sum_over_workers, OnStep&& on_step) {
+    if (worker.workers == 0 || worker.workers > plan.batch_size || worker.rank >= worker.workers) {
+        throw value_error(fmt::format("train: worker {} of {} for a batch of {}", worker.rank, worker.workers,
+                                      plan.batch_size));
+    }
+    std::mt19937_64 data(plan.data_seed);
+    const std::size_t begin = plan.batch_size * worker.rank / worker.workers;
+    const std::size_t end = plan.batch_size * (worker.rank + 1) / worker.workers;
+    const double share = static_cast<double>(end - begin) / static_cast<double>(plan.batch_size);
+    const double peak_rate = trainer.optimizer().learning_rate();
+    std::vector<double> losses;
+    for (std::size_t step = 1; step <= plan.steps; ++step) {
+        const double progress = static_cast<double>(step - 1) / static_cast<double>(plan.steps);
+        trainer.optimizer().set_learning_rate(peak_rate * (1.0 - 0.9 * progress));
+        const RetrievalBatch batch = make_retrieval_batch(trainer.config(), plan.batch_size, data);
+        const RetrievalBatch slice = worker.workers == 1 ? batch : slice_of(batch, begin, end);
+        losses.push_back(trainer.step(slice, share, sum_over_workers));
+        on_step(step, losses.back());
+    }
+    return losses;
+}
 
 }  // namespace tapegrad

@@ -2,8 +2,18 @@
 // gradients: token + position embeddings, multi-head causal attention, output projection,
 // cross-entropy. Seeded and deterministic; prints the loss as it goes and ends with the accuracy
 // on held-out sequences (drawn from a generator the training never touches).
-//   usage: train_retrieval [steps] [composed|fused]   (the attention kernel; composed by default)
+// Built with MPI (TAPEGRAD_WITH_MPI), it runs data-parallel under `mpirun -np N`: each rank takes
+// its slice of every batch of 64, the gradients are summed with one all-reduce per step
+// (examples/data_parallel.hpp), and rank 0 prints; the losses are those of one process.
+//   usage: train_retrieval [steps] [composed|fused] [threads]
+//   (the attention kernel, composed by default; threads per process, 0 = one per core, the default)
 #include "examples/retrieval.hpp"
+
+#if TAPEGRAD_WITH_MPI
+#include "examples/data_parallel.hpp"
+
+#include <boost/mpi/environment.hpp>
+#endif
 
 #include <fmt/format.h>
 
@@ -13,9 +23,19 @@
 
 int main(int argc, char** argv) {
     using namespace tapegrad;
+#if TAPEGRAD_WITH_MPI
+    const boost::mpi::environment environment(argc, argv);
+    const boost::mpi::communicator world;
+    const Worker worker{static_cast<std::size_t>(world.rank()), static_cast<std::size_t>(world.size())};
+    const auto sum_over_workers = sum_over_ranks(world);
+#else
+    const Worker worker{};
+    const auto sum_over_workers = [](std::span<double>) {};
+#endif
+    const bool printing = worker.rank == 0;
     try {
-        const std::size_t steps = argc > 1 ? std::stoul(argv[1]) : 1000;
-        const std::size_t batch_size = 64;
+        TrainingPlan plan;
+        plan.steps = argc > 1 ? std::stoul(argv[1]) : 1000;
         RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
         const std::string kernel = argc > 2 ? argv[2] : "composed";
         if (kernel != "composed" && kernel != "fused") {
@@ -23,35 +43,37 @@ int main(int argc, char** argv) {
             return EXIT_FAILURE;
         }
         config.kernel = kernel == "fused" ? AttentionKernel::fused : AttentionKernel::composed;
+        if (argc > 3) set_threads(static_cast<unsigned>(std::stoul(argv[3])));
         const auto start = std::chrono::steady_clock::now();
 
         RetrievalTrainer trainer(config, AdamSettings{.learning_rate = 1e-2});
-        std::mt19937_64 training_data(2026);
-        std::mt19937_64 held_out_data(11);  // disjoint stream: held-out sequences
-        const RetrievalBatch held_out = make_retrieval_batch(config, 2000, held_out_data);
-
-        fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}, {} kernel\n",
-                   config.pairs, config.keys, config.values, 100.0 / static_cast<double>(config.values), config.width,
-                   config.heads, batch_size, kernel);
+        if (printing) {
+            fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}, {} "
+                       "kernel, {} process{}\n",
+                       config.pairs, config.keys, config.values, 100.0 / static_cast<double>(config.values),
+                       config.width, config.heads, plan.batch_size, kernel, worker.workers,
+                       worker.workers == 1 ? "" : "es");
+        }
         double running = 0;
-        const double peak_rate = trainer.optimizer().learning_rate();
-        for (std::size_t step = 1; step <= steps; ++step) {
-            // Linear decay to a tenth of the peak: once the loss is near zero, a large Adam step
-            // (m̂/√v̂ ≈ 1 whatever the gradient's size) would throw the model off the solution.
-            const double progress = static_cast<double>(step - 1) / static_cast<double>(steps);
-            trainer.optimizer().set_learning_rate(peak_rate * (1.0 - 0.9 * progress));
-            running += trainer.step(make_retrieval_batch(config, batch_size, training_data));
-            if (step % 50 == 0 || step == steps) {
-                const std::size_t window = step % 50 == 0 ? 50 : step % 50;
+        const auto print_every_50 = [&](std::size_t step, double loss) {
+            running += loss;
+            if (step % 50 != 0 && step != plan.steps) return;
+            const std::size_t window = step % 50 == 0 ? 50 : step % 50;
+            if (printing) {
                 fmt::print("step {:5d}  mean training loss (last {}) {:.4f}\n", step, window,
                            running / static_cast<double>(window));
-                running = 0;
             }
-        }
+            running = 0;
+        };
+        train(trainer, plan, worker, sum_over_workers, print_every_50);
+        const double training_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (!printing) return EXIT_SUCCESS;
+        std::mt19937_64 held_out_data(11);  // disjoint stream: held-out sequences
+        const RetrievalBatch held_out = make_retrieval_batch(config, 2000, held_out_data);
         const auto [loss, accuracy] = trainer.evaluate(held_out);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        fmt::print("held-out: {} sequences, loss {:.4f}, accuracy {:.2f}%  ({:.1f} s)\n", held_out.size, loss,
-                   100.0 * accuracy, seconds);
+        fmt::print("training: {} steps in {:.2f} s, {:.1f} steps/s\n", plan.steps, training_seconds,
+                   static_cast<double>(plan.steps) / training_seconds);
+        fmt::print("held-out: {} sequences, loss {:.4f}, accuracy {:.2f}%\n", held_out.size, loss, 100.0 * accuracy);
         return accuracy >= 0.95 ? EXIT_SUCCESS : EXIT_FAILURE;
     } catch (const std::exception& e) {
         fmt::print(stderr, "train_retrieval: {}\n", e.what());

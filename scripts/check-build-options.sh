@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Configures tapegrad with every on/off combination of TAPEGRAD_BUILD_TESTS, _EXAMPLES, _TOOLS and
-# _BENCHMARKS (16 builds trees under a temporary folder) and checks that each one generates, and
-# that the targets which need another option's target are present exactly when it is (test_cli
+# _BENCHMARKS (16 builds trees under a temporary folder), then with TAPEGRAD_WITH_MPI on and off
+# (on needs Open MPI and Boost.MPI installed), and checks that each one generates, and that the targets which need another option's target are present exactly when it is (test_cli
 # needs the tool). Every target compiles the same way in every combination, so together with the
 # full build (all ON) this shows that each combination builds.
 # Usage: scripts/check-build-options.sh [work-dir]   (exit 1 on the first failing combination)
@@ -39,5 +39,26 @@ for tests in ON OFF; do
     done
   done
 done
-echo "$((16 - failures)) passed, $failures failed"
+# MPI on and off (TAPEGRAD_WITH_MPI, everything else ON): the MPI tests exist only with it, the
+# tool and the training example either way (they run in one process without MPI).
+for mpi in ON OFF; do
+  name="mpi-${mpi}"
+  build="$work/$name"
+  if ! cmake -S "$source_dir" -B "$build" -DCMAKE_BUILD_TYPE=Release -DTAPEGRAD_WITH_MPI=$mpi >"$build.log" 2>&1; then
+    echo "FAILED to configure: $name (see $build.log)"; failures=$((failures + 1)); continue
+  fi
+  targets="$(cmake --build "$build" --target help)"
+  has() { grep -q -- "\.\.\. $1\$" <<<"$targets"; }
+  for target in tapegrad-check train_retrieval test_gradcheck; do
+    has "$target" || { echo "FAILED: $name: target $target should be present"; failures=$((failures + 1)); }
+  done
+  if [ "$mpi" = ON ] && ! has test_distributed_check; then
+    echo "FAILED: $name: target test_distributed_check should be present"; failures=$((failures + 1))
+  fi
+  if [ "$mpi" = OFF ] && has test_distributed_check; then
+    echo "FAILED: $name: target test_distributed_check should be absent"; failures=$((failures + 1))
+  fi
+  echo "ok: $name"
+done
+echo "$((18 - failures)) passed, $failures failed"
 [ "$failures" -eq 0 ]
