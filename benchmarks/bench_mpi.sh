@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Distributed check and data-parallel training: one process against `mpirun -np 2`, one thread
+# each, alternating, REPEATS times each; prints every run, then best and median.
+#   1. tapegrad-check --model multihead -T 16 -D 32 -H 4 (full check), with each rank's share and
+#      time (--loads), and whether the reports are identical (the time taken aside);
+#   2. train_retrieval STEPS steps (global batch 64) and its steps/s.
+# Usage: benchmarks/bench_mpi.sh BUILD_DIR [REPEATS=3] [STEPS=200]
+# Build first, the documented way: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release &&
+#   cmake --build build --target tapegrad-check train_retrieval
+set -euo pipefail
+build="${1:?usage: bench_mpi.sh BUILD_DIR [REPEATS] [STEPS]}"
+repeats="${2:-3}"
+steps="${3:-200}"
+export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+out="$(mktemp -d)"
+now() { date +%s.%N; }
+stats() {  # stats NAME VALUES...: best (smallest) and median
+  local name="$1"; shift
+  printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
+    printf "%-28s best %8.3f  median %8.3f  (%d runs)\n", n, v[1], m, NR}'
+}
+check=("$build/tools/tapegrad-check" --model multihead -T 16 -D 32 -H 4 --threads 1 --quiet --loads)
+declare -a check1 check2 train1 train2
+for ((r = 1; r <= repeats; r++)); do
+  for np in 1 2; do
+    start=$(now)
+    mpirun --oversubscribe -np $np "${check[@]}" >"$out/report$np.txt" 2>"$out/loads$np.txt" || true
+    seconds=$(echo "$(now) - $start" | bc -l)
+    if [ $np = 1 ]; then check1+=("$seconds"); else check2+=("$seconds"); fi
+    echo "check   np=$np run $r: $seconds s"; sed 's/^/        /' "$out/loads$np.txt"
+  done
+  # The reports must be the same text but for the seconds.
+  if diff <(sed 's/; [0-9.]* s$//' "$out/report1.txt") <(sed 's/; [0-9.]* s$//' "$out/report2.txt") >/dev/null; then
+    echo "        reports identical: yes"
+  else
+    echo "        reports identical: NO"; diff "$out/report1.txt" "$out/report2.txt" || true
+  fi
+  for np in 1 2; do
+    start=$(now)
+    mpirun --oversubscribe -np $np "$build/examples/train_retrieval" "$steps" composed 1 >"$out/train$np.txt" 2>&1 || true
+    seconds=$(echo "$(now) - $start" | bc -l)
+    rate=$(sed -n 's/.* \([0-9.]*\) steps\/s$/\1/p' "$out/train$np.txt")
+    if [ $np = 1 ]; then train1+=("$rate"); else train2+=("$rate"); fi
+    echo "train   np=$np run $r: $rate steps/s (training loop), $seconds s in all"
+  done
+done
+head -1 "$out/report1.txt"
+stats "check, 1 process (s)" "${check1[@]}"
+stats "check, mpirun -np 2 (s)" "${check2[@]}"
+stats "train, 1 process (steps/s)" "${train1[@]}"
+stats "train, mpirun -np 2 (steps/s)" "${train2[@]}"

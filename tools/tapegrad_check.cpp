@@ -1,0 +1,271 @@
+// tapegrad-check: the 50-digit gradient check of a named built-in model at a chosen size, in one
+// process or, built with MPI (TAPEGRAD_WITH_MPI), spread over the ranks of `mpirun -np N`
+// unchanged (check/distributed.hpp). Rank 0 prints progress to stderr and the report to stdout.
+// See `tapegrad-check --help`.
+#include "examples/retrieval.hpp"
+#include "tapegrad.hpp"
+
+#if TAPEGRAD_WITH_MPI
+#include "check/distributed.hpp"
+
+#include <boost/mpi/environment.hpp>
+#endif
+
+#include <boost/program_options.hpp>
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace po = boost::program_options;
+using namespace tapegrad;
+
+constexpr int exit_ok = 0, exit_error = 1, exit_usage = 2, exit_check_failed = 3;
+
+constexpr std::string_view description = R"(tapegrad-check: the 50-digit gradient check of a built-in model.
+
+Models (leaves in brackets; J is the scalar checked):
+  attention   single-head attention softmax(Q K^T / sqrt(D)) V, Q = X W_Q, K = X W_K, V = X W_V
+              [X (T x D), W_Q, W_K, W_V (D x D)], J = sum(O * O)
+  multihead   causal multi-head attention with output projection, Y = merge_heads(O_h) W_O
+              [X (T x D), W_Q, W_K, W_V, W_O (D x D)], J = sum(Y * Y)
+  retrieval   the retrieval model of examples/retrieval.hpp on a batch of sequences of T tokens
+              [E, P, W_Q, W_K, W_V, W_O, W_U], J = cross-entropy of the answers
+Values are drawn from --seed (uniform, weights scaled by sqrt(3/D)); the checker uses the same seed.
+
+Full mode compares every coordinate of every leaf (and every branch of a leaf with several
+consumers); fast mode compares random directions and falls back to full when one disagrees.
+Under `mpirun -np N` (when built with MPI) the finite differences are shared among the ranks,
+balanced by their replay cost, and the report is the one a single process prints for the same
+seed. Progress (derivatives done, estimated time left) goes to stderr on rank 0.
+
+Exit status: 0 the check passed; 1 error; 2 bad command line; 3 the check failed.
+
+Options)";
+
+struct Settings {
+    std::string model = "multihead";
+    std::size_t tokens = 8, width = 16, heads = 2, batch = 2;
+    bool fast = false, quiet = false, loads = false, plan = false;
+    std::size_t directions = 3;
+    std::uint64_t seed = CheckOptions{}.seed;
+    unsigned threads = 0;
+};
+
+// A tensor of uniform values in [−a, a), from the portable draw of examples/retrieval.hpp.
+Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator) {
+    Tensor<double> t(shape);
+    for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+    return t;
+}
+
+// Progress lines on stderr, at most one every two seconds per stage (and the last one).
+std::function<void(const CheckProgress&)> progress_printer() {
+    auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
+    return [last](const CheckProgress& p) {
+        const auto now = std::chrono::steady_clock::now();
+        if (p.done != p.mine && now - *last < std::chrono::seconds(2)) return;
+        *last = now;
+        const double left = p.seconds / static_cast<double>(p.done) * static_cast<double>(p.mine - p.done);
+        fmt::print(stderr, "{}: {} of {} derivatives on this rank ({} on all ranks), {:.1f} s, about {:.0f} s left\n",
+                   p.stage, p.done, p.mine, p.all, p.seconds, left);
+    };
+}
+
+// One process, or every rank of the MPI world.
+struct Processes {
+#if TAPEGRAD_WITH_MPI
+    boost::mpi::communicator world;
+    int rank() const { return world.rank(); }
+#else
+    int rank() const { return 0; }
+#endif
+
+    template <std::size_t N, class Graph>
+    CheckReport check(Graph graph, const NamedTensor (&leaves)[N], const CheckOptions& options, bool print_loads) {
+#if TAPEGRAD_WITH_MPI
+        std::vector<RankLoad> loads;
+        CheckReport report = check_gradients(graph, leaves, options, world, &loads);
+        if (print_loads && rank() == 0) print(loads);
+        return report;
+#else
+        (void)print_loads;
+        return check_gradients(graph, leaves, options);
+#endif
+    }
+
+#if TAPEGRAD_WITH_MPI
+    static void print(const std::vector<RankLoad>& loads) {
+        double total = 0, slowest = 0;
+        for (std::size_t r = 0; r < loads.size(); ++r) {
+            fmt::print(stderr, "rank {}: {} derivatives, estimated cost {:.4g}, {:.3f} s\n", r, loads[r].derivatives,
+                       loads[r].cost, loads[r].seconds);
+            total += loads[r].seconds;
+            slowest = std::max(slowest, loads[r].seconds);
+        }
+        const double mean = total / static_cast<double>(loads.size());
+        fmt::print(stderr, "ranks: {}, mean {:.3f} s, slowest {:.3f} s ({:+.1f}% of the mean)\n", loads.size(), mean,
+                   slowest, 100.0 * (slowest / mean - 1.0));
+    }
+#endif
+};
+
+// --plan: what a full check would take, without taking it: the derivatives (coordinates and
+// branch coordinates, as full_check and attribute_branches list them) and their estimated replay
+// cost (detail::replay_cost, what the ranks' shares balance), for the model of the README.
+template <std::size_t N, class Graph>
+void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
+    const CheckOptions options;
+    detail::Checked<N> c(leaves, options);
+    if (!detail::record_both(c, graph)) throw value_error("tapegrad-check: the graph cannot be recorded");
+    std::vector<detail::Probe> probes;
+    std::size_t coordinates = 0;
+    for (std::size_t l = 0; l < N; ++l) {
+        std::vector<detail::Probe> of_leaf = detail::coordinate_probes(c, l);
+        coordinates += of_leaf.size();
+        const std::vector<detail::Edge> edges = c.in_mp->tape.consumers(c.in_mp->leaves[l]);
+        for (std::size_t e = 0; edges.size() > 1 && e < edges.size(); ++e) {
+            const std::vector<detail::Probe> of_branch = detail::coordinate_probes(c, l, edges[e]);
+            of_leaf.insert(of_leaf.end(), of_branch.begin(), of_branch.end());
+        }
+        probes.insert(probes.end(), of_leaf.begin(), of_leaf.end());
+    }
+    const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(probes));
+    fmt::print("plan: {} coordinates, {} derivatives with the branches, estimated replay cost {:.6g} "
+               "({} nodes on the tape)\n",
+               coordinates, probes.size(), std::accumulate(costs.begin(), costs.end(), 0.0), c.in_mp->tape.size());
+}
+
+// The check of one model (nullopt after --plan, which only prints what the check would take).
+template <std::size_t N, class Graph>
+std::optional<CheckReport> check_model(Processes& processes, const Settings& s, Graph graph,
+                                       const NamedTensor (&leaves)[N]) {
+    if (s.plan) {
+        if (processes.rank() == 0) print_plan(graph, leaves);
+        return std::nullopt;
+    }
+    CheckOptions options;
+    options.mode = s.fast ? CheckOptions::Mode::fast : CheckOptions::Mode::full;
+    options.directions = s.directions;
+    options.seed = s.seed;
+    if (!s.quiet) options.progress = progress_printer();
+    return processes.check(graph, leaves, options, s.loads);
+}
+
+std::optional<CheckReport> check_attention(Processes& processes, const Settings& s, bool multihead) {
+    std::mt19937_64 generator(s.seed);
+    const double a = std::sqrt(3.0 / static_cast<double>(s.width));
+    const Shape weight{s.width, s.width};
+    const Tensor<double> X = uniform(Shape{s.tokens, s.width}, 1.0, generator);
+    const Tensor<double> W_Q = uniform(weight, a, generator), W_K = uniform(weight, a, generator),
+                         W_V = uniform(weight, a, generator);
+    if (!multihead) {
+        const NamedTensor leaves[] = {{"X", X}, {"W_Q", W_Q}, {"W_K", W_K}, {"W_V", W_V}};
+        return check_model(processes, s, [](auto in) {
+            const auto O = attention(in[0], in[1], in[2], in[3]).O;
+            return sum(O * O);
+        }, leaves);
+    }
+    const NamedTensor leaves[] = {{"X", X}, {"W_Q", W_Q}, {"W_K", W_K}, {"W_V", W_V}, {"W_O", uniform(weight, a, generator)}};
+    MultiHeadOptions options;
+    options.heads = s.heads;
+    return check_model(processes, s, [&](auto in) {
+        using T = typename decltype(in)::value_type::scalar_type;
+        const auto Y = multihead_attention(in[0], MultiHeadWeights<T>{in[1], in[2], in[3], in[4]}, options).Y;
+        return sum(Y * Y);
+    }, leaves);
+}
+
+std::optional<CheckReport> check_retrieval(Processes& processes, const Settings& s) {
+    if (s.tokens < 2) throw value_error("tapegrad-check: the retrieval model needs --tokens of at least 2");
+    RetrievalConfig config;
+    config.pairs = s.tokens - 1;
+    config.keys = std::max(config.keys, config.pairs);
+    config.width = s.width;
+    config.heads = s.heads;
+    config.seed = s.seed;
+    std::mt19937_64 generator(s.seed);
+    const RetrievalBatch batch = make_retrieval_batch(config, s.batch, generator);
+    const RetrievalParameters p = RetrievalParameters::initial(config);
+    const NamedTensor leaves[] = {{"E", p.E},     {"P", p.P},     {"W_Q", p.W_Q}, {"W_K", p.W_K},
+                                  {"W_V", p.W_V}, {"W_O", p.W_O}, {"W_U", p.W_U}};
+    return check_model(processes, s, [&](auto in) {
+        using T = typename decltype(in)::value_type::scalar_type;
+        return retrieval_loss(RetrievalVars<T>{in[0], in[1], in[2], in[3], in[4], in[5], in[6]}, batch, config.heads);
+    }, leaves);
+}
+
+// The settings from the command line; nullopt after --help.
+std::optional<Settings> parse(int argc, char** argv) {
+    Settings s;
+    po::options_description options{std::string(description)};
+    options.add_options()("help,h", "this text")(
+        "model", po::value(&s.model)->default_value(s.model), "attention, multihead or retrieval")(
+        "tokens,T", po::value(&s.tokens)->default_value(s.tokens), "sequence length T")(
+        "width,D", po::value(&s.width)->default_value(s.width), "model width D")(
+        "heads,H", po::value(&s.heads)->default_value(s.heads), "heads (multihead, retrieval)")(
+        "batch,B", po::value(&s.batch)->default_value(s.batch), "sequences in the batch (retrieval)")(
+        "fast", po::bool_switch(&s.fast), "fast mode: random directions, full check only when one disagrees")(
+        "directions", po::value(&s.directions)->default_value(s.directions), "directions in fast mode")(
+        "seed", po::value(&s.seed)->default_value(s.seed), "values and directions")(
+        "threads", po::value(&s.threads)->default_value(s.threads), "threads per process (0: one per core)")(
+        "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
+        "loads", po::bool_switch(&s.loads), "each rank's share and time on stderr (with MPI)")(
+        "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing");
+    po::variables_map values;
+    po::store(po::parse_command_line(argc, argv, options), values);
+    if (values.count("help")) {
+        fmt::print("{}\n", fmt::streamed(options));
+        return std::nullopt;
+    }
+    po::notify(values);
+    if (s.model != "attention" && s.model != "multihead" && s.model != "retrieval") {
+        throw po::error(fmt::format("unknown --model '{}' (attention, multihead or retrieval)", s.model));
+    }
+    if (s.tokens == 0 || s.width == 0 || s.heads == 0 || s.batch == 0 || s.width % s.heads != 0) {
+        throw po::error(fmt::format("sizes must be positive and --width a multiple of --heads (T {}, D {}, heads {}, "
+                                    "batch {})", s.tokens, s.width, s.heads, s.batch));
+    }
+    return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#if TAPEGRAD_WITH_MPI
+    const boost::mpi::environment environment(argc, argv);
+#endif
+    std::optional<Settings> settings;
+    try {
+        settings = parse(argc, argv);
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "tapegrad-check: {} (see --help)\n", e.what());
+        return exit_usage;
+    }
+    if (!settings) return exit_ok;
+    Processes processes;
+    try {
+        set_threads(settings->threads);
+        const std::optional<CheckReport> report =
+            settings->model == "retrieval" ? check_retrieval(processes, *settings)
+                                           : check_attention(processes, *settings, settings->model == "multihead");
+        if (!report) return exit_ok;  // --plan
+        if (processes.rank() == 0) fmt::print("{}\n", report->summary());
+        return report->passed ? exit_ok : exit_check_failed;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "tapegrad-check: {}\n", e.what());
+        return exit_error;
+    }
+}
