@@ -5,6 +5,8 @@
 #      time (--loads), and whether the reports are identical (the time taken aside);
 #   2. train_retrieval STEPS steps (global batch 64) and its steps/s.
 # Usage: benchmarks/bench_mpi.sh BUILD_DIR [REPEATS=3] [STEPS=200]
+#   MPI_FLAGS adds mpirun options to every run, e.g. MPI_FLAGS="--bind-to none" on a machine shared
+#   with other work (Open MPI binds each rank to one core by default).
 # Build first, the documented way: cmake -S . -B build -DCMAKE_BUILD_TYPE=Release &&
 #   cmake --build build --target tapegrad-check train_retrieval
 set -euo pipefail
@@ -14,9 +16,9 @@ steps="${3:-200}"
 export OPENBLAS_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 out="$(mktemp -d)"
 now() { date +%s.%N; }
-stats() {  # stats NAME VALUES...: best (smallest) and median
-  local name="$1"; shift
-  printf '%s\n' "$@" | sort -g | awk -v n="$name" '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
+stats() {  # stats NAME ORDER VALUES...: best (first after sort ORDER: -g times, -gr rates) and median
+  local name="$1" order="$2"; shift 2
+  printf '%s\n' "$@" | sort "$order" | awk -v n="$name" '{v[NR]=$1} END {m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2;
     printf "%-28s best %8.3f  median %8.3f  (%d runs)\n", n, v[1], m, NR}'
 }
 check=("$build/tools/tapegrad-check" --model multihead -T 16 -D 32 -H 4 --threads 1 --quiet --loads)
@@ -24,7 +26,7 @@ declare -a check1 check2 train1 train2
 for ((r = 1; r <= repeats; r++)); do
   for np in 1 2; do
     start=$(now)
-    mpirun --oversubscribe -np $np "${check[@]}" >"$out/report$np.txt" 2>"$out/loads$np.txt" || true
+    mpirun ${MPI_FLAGS:-} --oversubscribe -np $np "${check[@]}" >"$out/report$np.txt" 2>"$out/loads$np.txt" || true
     seconds=$(echo "$(now) - $start" | bc -l)
     if [ $np = 1 ]; then check1+=("$seconds"); else check2+=("$seconds"); fi
     echo "check   np=$np run $r: $seconds s"; sed 's/^/        /' "$out/loads$np.txt"
@@ -37,7 +39,7 @@ for ((r = 1; r <= repeats; r++)); do
   fi
   for np in 1 2; do
     start=$(now)
-    mpirun --oversubscribe -np $np "$build/examples/train_retrieval" "$steps" composed 1 >"$out/train$np.txt" 2>&1 || true
+    mpirun ${MPI_FLAGS:-} --oversubscribe -np $np "$build/examples/train_retrieval" "$steps" composed 1 >"$out/train$np.txt" 2>&1 || true
     seconds=$(echo "$(now) - $start" | bc -l)
     rate=$(sed -n 's/.* \([0-9.]*\) steps\/s$/\1/p' "$out/train$np.txt")
     if [ $np = 1 ]; then train1+=("$rate"); else train2+=("$rate"); fi
@@ -45,7 +47,7 @@ for ((r = 1; r <= repeats; r++)); do
   done
 done
 head -1 "$out/report1.txt"
-stats "check, 1 process (s)" "${check1[@]}"
-stats "check, mpirun -np 2 (s)" "${check2[@]}"
-stats "train, 1 process (steps/s)" "${train1[@]}"
-stats "train, mpirun -np 2 (steps/s)" "${train2[@]}"
+stats "check, 1 process (s)" -g "${check1[@]}"
+stats "check, mpirun -np 2 (s)" -g "${check2[@]}"
+stats "train, 1 process (steps/s)" -gr "${train1[@]}"
+stats "train, mpirun -np 2 (steps/s)" -gr "${train2[@]}"

@@ -123,29 +123,42 @@ struct Processes {
 };
 
 // --plan: what a full check would take, without taking it: the derivatives (coordinates and
-// branch coordinates, as full_check and attribute_branches list them) and their estimated replay
-// cost (detail::replay_cost, what the ranks' shares balance), for the model of the README.
+// branch coordinates, as full_check and attribute_branches list them), their estimated replay
+// cost (detail::replay_cost, what the ranks' shares balance), and, measured, the seconds of a few
+// of each leaf's (and branch's) on one thread, which make the predicted time of the whole check
+// (the model in the README).
 template <std::size_t N, class Graph>
 void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
     const CheckOptions options;
     detail::Checked<N> c(leaves, options);
     if (!detail::record_both(c, graph)) throw value_error("tapegrad-check: the graph cannot be recorded");
-    std::vector<detail::Probe> probes;
-    std::size_t coordinates = 0;
+    std::vector<std::vector<detail::Probe>> groups;  // each leaf's coordinates, then each branch's
     for (std::size_t l = 0; l < N; ++l) {
-        std::vector<detail::Probe> of_leaf = detail::coordinate_probes(c, l);
-        coordinates += of_leaf.size();
+        groups.push_back(detail::coordinate_probes(c, l));
         const std::vector<detail::Edge> edges = c.in_mp->tape.consumers(c.in_mp->leaves[l]);
-        for (std::size_t e = 0; edges.size() > 1 && e < edges.size(); ++e) {
-            const std::vector<detail::Probe> of_branch = detail::coordinate_probes(c, l, edges[e]);
-            of_leaf.insert(of_leaf.end(), of_branch.begin(), of_branch.end());
-        }
-        probes.insert(probes.end(), of_leaf.begin(), of_leaf.end());
+        for (std::size_t e = 0; edges.size() > 1 && e < edges.size(); ++e)
+            groups.push_back(detail::coordinate_probes(c, l, edges[e]));
     }
-    const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(probes));
-    fmt::print("plan: {} coordinates, {} derivatives with the branches, estimated replay cost {:.6g} "
-               "({} nodes on the tape)\n",
-               coordinates, probes.size(), std::accumulate(costs.begin(), costs.end(), 0.0), c.in_mp->tape.size());
+    std::size_t derivatives = 0;
+    double cost = 0, predicted = 0;
+    std::array<Tensor<mp50>, N> scratch;
+    constexpr std::size_t samples = 4;  // spread over the group: costs vary a little with the index
+    for (const std::vector<detail::Probe>& group : groups) {
+        const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(group));
+        const auto start = std::chrono::steady_clock::now();
+        for (std::size_t k = 0; k < samples; ++k)
+            (void)detail::take_probe(c, group[k * (group.size() - 1) / (samples - 1)], scratch, c.workspaces[0]);
+        const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / samples;
+        fmt::print("  {} coordinates of {}{}: {:.3g} ms each (measured, {} samples), estimated cost {:.4g} each\n",
+                   group.size(), c.leaves[group[0].leaf].name, group[0].edge ? " (one branch)" : "", 1e3 * each,
+                   samples, costs[0]);
+        derivatives += group.size();
+        cost += std::accumulate(costs.begin(), costs.end(), 0.0);
+        predicted += each * static_cast<double>(group.size());
+    }
+    fmt::print("plan: {} derivatives (coordinates and branches), estimated replay cost {:.4g}, predicted time on "
+               "one thread {:.4g} s; {} bytes of differences exchanged in all (6 50-digit numbers each)\n",
+               derivatives, cost, predicted, derivatives * 6 * 38);
 }
 
 // The check of one model (nullopt after --plan, which only prints what the check would take).
