@@ -39,18 +39,23 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 namespace tapegrad {
 
-// What one rank did in a distributed check: the seconds its threads spent on its share of the
-// finite differences, how many it took, and their estimated replay cost (what the shares balance).
+// What one rank did in a distributed check: the seconds (wall clock) it spent taking its share of
+// the finite differences, the CPU seconds of its process meanwhile (on a machine shared with
+// other work the wall clock also counts the time the rank waited for a core), how many
+// differences it took, and their estimated replay cost (what the shares balance).
 struct RankLoad {
     double seconds = 0;
+    double cpu_seconds = 0;
     std::size_t derivatives = 0;
     double cost = 0;
 
     template <class Archive>
     void serialize(Archive& archive, unsigned /*version*/) {
-        archive & seconds & derivatives & cost;
+        archive & seconds & cpu_seconds & derivatives & cost;
     }
 };
 
@@ -99,6 +104,13 @@ inline std::vector<std::vector<std::size_t>> share_by_cost(std::span<const doubl
     return shares;
 }
 
+// CPU time of this process, all its threads.
+inline double process_cpu_seconds() {
+    timespec now{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
 // The differences the check compares, 6 numbers per item: central, right, left at both steps.
 inline void pack(const std::array<Differences, 2>& numeric, std::vector<mp50>& into) {
     for (const Differences& d : numeric) into.insert(into.end(), {d.central, d.right, d.left});
@@ -131,8 +143,10 @@ public:
         Envelope envelope{RankState::working, {}, costs.size(), {}, {}};
         try {
             const auto start = std::chrono::steady_clock::now();
+            const double cpu_start = process_cpu_seconds();
             take(mine);
             load_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+            load_.cpu_seconds += process_cpu_seconds() - cpu_start;
             load_.derivatives += mine.size();
             for (const std::size_t item : mine) load_.cost += costs[item];
             for (const std::size_t item : mine) pack(numeric[item], envelope.numeric);

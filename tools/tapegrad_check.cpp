@@ -108,16 +108,20 @@ struct Processes {
 
 #if TAPEGRAD_WITH_MPI
     static void print(const std::vector<RankLoad>& loads) {
-        double total = 0, slowest = 0;
+        double total = 0, slowest = 0, total_cpu = 0, slowest_cpu = 0;
         for (std::size_t r = 0; r < loads.size(); ++r) {
-            fmt::print(stderr, "rank {}: {} derivatives, estimated cost {:.4g}, {:.3f} s\n", r, loads[r].derivatives,
-                       loads[r].cost, loads[r].seconds);
+            fmt::print(stderr, "rank {}: {} derivatives, estimated cost {:.4g}, {:.3f} s, {:.3f} s of CPU\n", r,
+                       loads[r].derivatives, loads[r].cost, loads[r].seconds, loads[r].cpu_seconds);
             total += loads[r].seconds;
             slowest = std::max(slowest, loads[r].seconds);
+            total_cpu += loads[r].cpu_seconds;
+            slowest_cpu = std::max(slowest_cpu, loads[r].cpu_seconds);
         }
-        const double mean = total / static_cast<double>(loads.size());
-        fmt::print(stderr, "ranks: {}, mean {:.3f} s, slowest {:.3f} s ({:+.1f}% of the mean)\n", loads.size(), mean,
-                   slowest, 100.0 * (slowest / mean - 1.0));
+        const double ranks = static_cast<double>(loads.size());
+        fmt::print(stderr, "ranks: {}, mean {:.3f} s, slowest {:.3f} s ({:+.1f}% of the mean); CPU: mean {:.3f} s, "
+                   "slowest {:.3f} s ({:+.1f}%)\n", loads.size(), total / ranks, slowest,
+                   100.0 * (slowest / (total / ranks) - 1.0), total_cpu / ranks, slowest_cpu,
+                   100.0 * (slowest_cpu / (total_cpu / ranks) - 1.0));
     }
 #endif
 };
