@@ -1,0 +1,285 @@
+"""The PyTorch cross-check: runs tests/torch/dump_models (tapegrad, double), then recomputes every
+case it wrote with PyTorch's own modules in float64 (torch.nn.MultiheadAttention, nn.Embedding,
+nn.Linear, F.cross_entropy, torch.optim.Adam, ...), never with a transcription of tapegrad's
+formulas, and asserts that forward values, gradients, training losses and trained parameters
+agree to 1e-9 relative.
+
+usage: cross_check.py DUMP_MODELS_BINARY [--fault NAME] [--keep DIR]
+
+Without --fault: exit 0 when every case agrees, 1 when any disagrees (each disagreement named).
+With --fault NAME (the negative control): the driver perturbs some cases (it marks them
+"fault_applied" in their meta.json); exit 0 only when exactly those cases are rejected and every
+other case still agrees, so the control proves the comparison can fail and fails where it should.
+Exit 77 (CTest's skip code here) when torch or numpy cannot be imported.
+
+Mapping onto torch.nn.MultiheadAttention (tapegrad's conventions are models/multihead.hpp's):
+tapegrad projects rows, Q = X·W_Q with W_Q [D × D]; torch computes X·Wᵀ, so in_proj_weight is
+[W_Qᵀ; W_Kᵀ; W_Vᵀ] and out_proj.weight is W_Oᵀ, with no biases (bias=False: zero biases).
+Head h takes columns h·dh..(h+1)·dh on both sides; torch scales the queries by 1/√head_dim, the
+same 1/√dh. Causality with a query offset is a boolean attn_mask [Tq, Tk] (True = hidden: key j
+after absolute position offset + i); padding is key_padding_mask [B, Tk] (True = padded key).
+Padded query rows differ by convention: tapegrad hides them entirely (output exactly 0, no
+gradient, models/masks.hpp) while torch still attends from them, so torch's upstream gradient is
+zeroed on those rows, outputs are compared on real rows only, and tapegrad's padded rows are
+asserted to be exactly 0.
+"""
+import argparse
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+except ImportError as error:  # CTest maps 77 to "skipped"
+    print(f"SKIPPED: torch or numpy cannot be imported ({error}); install Debian's python3-torch")
+    sys.exit(77)
+
+# Agreement threshold, fixed before running: max |tapegrad − torch| / max |torch| over each tensor
+# (relative to the tensor's largest entry, because an entry that is a sum of cancelling terms is
+# only accurate relative to the size of those terms). Both sides evaluate the same functions in
+# IEEE double and differ only in the order of summation and in library kernels: each reduction
+# of n terms (n ≤ a few hundred here) contributes a relative error of order n·2⁻⁵³ ≈ 1e-14, and
+# softmax and log-sum-exp are well conditioned at these scales. Twenty Adam steps compound this
+# at most a few hundredfold. 1e-9 leaves four to five orders of margin over rounding, while any
+# modelling difference (a mask, a scale, a transposed weight) moves values by 1e-2 or more, and
+# the negative controls show that a learning rate off by 1e-6 relative is already caught.
+TOLERANCE = 1e-9
+
+torch.set_default_dtype(torch.float64)
+
+
+class Disagreement(Exception):
+    pass
+
+
+class Case:
+    """One directory written by dump_models: meta.json and its .npy files."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.name = directory.name
+        self.meta = json.loads((directory / "meta.json").read_text())
+        self.worst = 0.0
+
+    def array(self, name):
+        return np.load(self.directory / f"{name}.npy")
+
+    def tensor(self, name, requires_grad=False):
+        return torch.tensor(self.array(name), dtype=torch.float64, requires_grad=requires_grad)
+
+    def indices(self, name):
+        values = self.array(name)
+        assert np.all(values == np.round(values)), f"{name} holds non-integers"
+        return torch.tensor(values.astype(np.int64))
+
+    def compare(self, label, ours, theirs):
+        """Asserts max |ours − theirs| / max |theirs| <= TOLERANCE."""
+        theirs = theirs.detach().numpy() if isinstance(theirs, torch.Tensor) else np.asarray(theirs)
+        ours = np.asarray(ours)
+        if ours.shape != theirs.shape:
+            raise Disagreement(f"{label}: shape {ours.shape} (tapegrad) vs {theirs.shape} (torch)")
+        scale = float(np.max(np.abs(theirs))) if theirs.size else 0.0
+        difference = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
+        relative = difference / scale if scale > 0 else difference
+        self.worst = max(self.worst, relative)
+        if not relative <= TOLERANCE:
+            where = np.unravel_index(int(np.argmax(np.abs(ours - theirs))), theirs.shape)
+            raise Disagreement(f"{label}: max |tapegrad − torch| / max |torch| = {relative:.3e} > {TOLERANCE:g} "
+                               f"(worst at {tuple(int(i) for i in where)}: tapegrad {ours[where]!r}, "
+                               f"torch {theirs[where]!r})")
+
+
+# ---- Multi-head attention ---------------------------------------------------------------------
+
+def torch_multihead(weights, heads):
+    """torch.nn.MultiheadAttention holding tapegrad's W_Q, W_K, W_V, W_O (see the module comment)."""
+    D = weights["W_Q"].shape[0]
+    module = torch.nn.MultiheadAttention(D, heads, bias=False, batch_first=True)
+    with torch.no_grad():
+        module.in_proj_weight.copy_(torch.cat([weights["W_Q"].T, weights["W_K"].T, weights["W_V"].T]))
+        module.out_proj.weight.copy_(weights["W_O"].T)
+    return module
+
+
+def multihead_gradients(module):
+    """d W_Q, d W_K, d W_V, d W_O in tapegrad's layout, from the module's parameter gradients."""
+    dQ, dK, dV = module.in_proj_weight.grad.chunk(3)
+    return {"dW_Q": dQ.T, "dW_K": dK.T, "dW_V": dV.T, "dW_O": module.out_proj.weight.grad.T}
+
+
+def causal_attn_mask(query_count, key_count, query_offset):
+    """True where query i (at absolute position query_offset + i) may not see key j."""
+    positions = torch.arange(query_count).unsqueeze(1) + query_offset
+    return torch.arange(key_count).unsqueeze(0) > positions
+
+
+def check_multihead(case):
+    meta = case.meta
+    self_attention = meta["self_attention"]
+    if self_attention:
+        X = case.tensor("X", requires_grad=True)
+        X_q = X_kv = X
+    else:
+        X_q = case.tensor("X_q", requires_grad=True)
+        X_kv = case.tensor("X_kv", requires_grad=True)
+    B, Tq, Tk = X_q.shape[0], X_q.shape[1], X_kv.shape[1]
+    offset = meta["query_offset"]
+    module = torch_multihead({k: case.tensor(k) for k in ("W_Q", "W_K", "W_V", "W_O")}, meta["heads"])
+    attn_mask = causal_attn_mask(Tq, Tk, offset) if meta["causal"] else None
+    lengths = meta["lengths"]
+    key_padding_mask = None
+    real_rows = torch.ones(B, Tq, dtype=torch.bool)
+    if lengths:
+        key_padding_mask = torch.arange(Tk).unsqueeze(0) >= torch.tensor(lengths).unsqueeze(1)
+        real_rows = (torch.arange(Tq).unsqueeze(0) + offset) < torch.tensor(lengths).unsqueeze(1)
+    Y, A = module(X_q, X_kv, X_kv, key_padding_mask=key_padding_mask, attn_mask=attn_mask, need_weights=True,
+                  average_attn_weights=False)
+    G = case.tensor("G") * real_rows.unsqueeze(-1)  # padded query rows carry no loss (module comment)
+    (Y * G).sum().backward()
+
+    ours_Y = case.array("Y")
+    real = real_rows.numpy()
+    case.compare("Y (real rows)", ours_Y[real], Y[real_rows])
+    if np.any(ours_Y[~real] != 0.0):
+        raise Disagreement("Y: tapegrad's padded query rows are not exactly zero")
+    if meta["kernel"] == "composed":
+        case.compare("A (real rows)", case.array("A").transpose(0, 2, 1, 3)[real],
+                     A.transpose(1, 2)[real_rows])
+    if self_attention:
+        case.compare("dX", case.array("dX"), X.grad)
+    else:
+        case.compare("dX_q", case.array("dX_q"), X_q.grad)
+        case.compare("dX_kv", case.array("dX_kv"), X_kv.grad)
+    for name, gradient in multihead_gradients(module).items():
+        case.compare(name, case.array(name), gradient)
+
+
+# ---- The retrieval model (examples/retrieval.hpp), from torch building blocks -------------------
+
+class TorchRetrieval(torch.nn.Module):
+    """X = E[key] + E[value] + P[position]; causal multi-head attention; the last position's
+    output times W_U gives the logits over values."""
+
+    def __init__(self, parameters, heads):
+        super().__init__()
+        self.tokens = torch.nn.Embedding.from_pretrained(parameters["E"], freeze=False)
+        self.positions = torch.nn.Embedding.from_pretrained(parameters["P"], freeze=False)
+        self.attention = torch_multihead(parameters, heads)
+        self.readout = torch.nn.Linear(*parameters["W_U"].shape, bias=False)
+        with torch.no_grad():
+            self.readout.weight.copy_(parameters["W_U"].T)
+
+    def forward(self, key_tokens, value_tokens):
+        T = key_tokens.shape[1]
+        X = self.tokens(key_tokens) + self.tokens(value_tokens) + self.positions(torch.arange(T))
+        Y, _ = self.attention(X, X, X, attn_mask=causal_attn_mask(T, T, 0), need_weights=False)
+        return self.readout(Y[:, -1, :])
+
+    def ordered_parameters(self):
+        """The parameters in tapegrad's order (E, P, in_proj = [W_Q; W_K; W_V], W_O, W_U)."""
+        return [self.tokens.weight, self.positions.weight, self.attention.in_proj_weight,
+                self.attention.out_proj.weight, self.readout.weight]
+
+    def tapegrad_layout(self, tensors):
+        """Tensors shaped like ordered_parameters() -> dict in tapegrad's names and layouts."""
+        E, P, in_proj, W_O_t, W_U_t = tensors
+        W_Q_t, W_K_t, W_V_t = in_proj.chunk(3)
+        return {"E": E, "P": P, "W_Q": W_Q_t.T, "W_K": W_K_t.T, "W_V": W_V_t.T, "W_O": W_O_t.T, "W_U": W_U_t.T}
+
+
+RETRIEVAL_NAMES = ("E", "P", "W_Q", "W_K", "W_V", "W_O", "W_U")
+
+
+def check_retrieval(case):
+    model = TorchRetrieval({k: case.tensor(k) for k in RETRIEVAL_NAMES}, case.meta["heads"])
+    logits = model(case.indices("key_tokens"), case.indices("value_tokens"))
+    loss = F.cross_entropy(logits, case.indices("targets"))
+    loss.backward()
+    case.compare("logits", case.array("logits"), logits)
+    case.compare("loss", case.array("loss"), loss)
+    gradients = model.tapegrad_layout([p.grad for p in model.ordered_parameters()])
+    for name in RETRIEVAL_NAMES:
+        case.compare(f"d{name}", case.array(f"d{name}"), gradients[name])
+
+
+def check_retrieval_training(case):
+    meta = case.meta
+    model = TorchRetrieval({k: case.tensor(f"initial_{k}") for k in RETRIEVAL_NAMES}, meta["heads"])
+    adam = meta["adam"]
+    # torch.optim.Adam is models/optimizer.hpp's Adam: m, v moving averages, step
+    # lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε); elementwise, so torch's transposed and stacked
+    # parameter layout does not matter.
+    optimizer = torch.optim.Adam(model.ordered_parameters(), lr=adam["learning_rate"],
+                                 betas=(adam["beta1"], adam["beta2"]), eps=adam["epsilon"])
+    losses = []
+    for step in range(meta["steps"]):
+        optimizer.zero_grad()
+        logits = model(case.indices(f"key_tokens_{step}"), case.indices(f"value_tokens_{step}"))
+        loss = F.cross_entropy(logits, case.indices(f"targets_{step}"))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    case.compare("losses of the 20 steps", case.array("losses"), np.array(losses))
+    final = model.tapegrad_layout([p.detach() for p in model.ordered_parameters()])
+    for name in RETRIEVAL_NAMES:
+        case.compare(f"final {name}", case.array(f"final_{name}"), final[name])
+
+
+CHECKS = {
+    "multihead": check_multihead,
+    "retrieval": check_retrieval,
+    "retrieval_training": check_retrieval_training,
+}
+
+
+def run_checks(dump):
+    """{case name: (case, None or the disagreement)} for every case directory."""
+    results = {}
+    for directory in sorted(p for p in dump.iterdir() if p.is_dir()):
+        case = Case(directory)
+        try:
+            CHECKS[case.meta["model"]](case)
+            results[case.name] = (case, None)
+        except Disagreement as disagreement:
+            results[case.name] = (case, disagreement)
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("driver", help="the dump_models binary")
+    parser.add_argument("--fault", default="none", help="negative control: the fault the driver injects")
+    parser.add_argument("--keep", help="write the dump here and keep it (default: a temporary directory)")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, float64, tolerance {TOLERANCE:g} relative")
+    with tempfile.TemporaryDirectory() as scratch:
+        dump = pathlib.Path(args.keep) if args.keep else pathlib.Path(scratch) / "dump"
+        subprocess.run([args.driver, str(dump)] + (["--fault", args.fault] if args.fault != "none" else []),
+                       check=True)
+        results = run_checks(dump)
+    for name, (case, disagreement) in results.items():
+        mark = "fault " if case.meta["fault_applied"] else ""
+        if disagreement is None:
+            print(f"agree     {mark}{name}: worst relative difference {case.worst:.2e}")
+        else:
+            print(f"DISAGREE  {mark}{name}: {disagreement}")
+    if args.fault == "none":
+        failed = [name for name, (_, d) in results.items() if d is not None]
+        print(f"{len(results) - len(failed)} of {len(results)} cases agree with PyTorch")
+        return 1 if failed else 0
+    perturbed = {name for name, (case, _) in results.items() if case.meta["fault_applied"]}
+    rejected = {name for name, (_, d) in results.items() if d is not None}
+    if perturbed and rejected == perturbed:
+        print(f"negative control '{args.fault}': exactly the {len(perturbed)} perturbed cases are rejected")
+        return 0
+    print(f"negative control '{args.fault}' FAILED: perturbed {sorted(perturbed)}, rejected {sorted(rejected)}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+// dump_models: the C++ half of the PyTorch cross-check (tests/torch/cross_check.py). For each
+// case it runs a model on tapegrad's double tape from seeded inputs and writes, as .npy files in
+// one directory per case, the inputs, the parameters, the forward outputs and the gradients, with
+// a meta.json naming the model and its settings. The Python half recomputes every case with
+// PyTorch's own modules and asserts agreement.
+//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate]
+// The whole output is written under a temporary name and renamed into place at the end, so
+// OUTPUT_DIR holds either a complete dump or nothing new.
+// --fault is test-only: it perturbs what some cases compute (while their meta.json still states
+// the unperturbed model) and marks those cases "fault_applied", so the cross-check's negative
+// control can assert that exactly those cases are rejected:
+//   drop_mask            attention computed without its causal or padding mask
+//   flip_scale           scores scaled by √dh instead of 1/√dh (W_Q multiplied by dh on the tape)
+//   nudge_learning_rate  training with a learning rate 1e-6 (relative) too high
+#include "examples/retrieval.hpp"
+#include "io/npy.hpp"
+#include "tapegrad.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tapegrad;
+
+enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate };
+
+const std::map<std::string, Fault> fault_names{{"none", Fault::none},
+                                               {"drop_mask", Fault::drop_mask},
+                                               {"flip_scale", Fault::flip_scale},
+                                               {"nudge_learning_rate", Fault::nudge_learning_rate}};
+
+// One case's output: its files (name -> tensor) and the JSON members describing its model.
+struct Dump {
+    std::vector<std::pair<std::string, Tensor<double>>> files;
+    std::vector<std::string> meta;  // `"key": value` members of meta.json
+    bool fault_applied = false;
+
+    void add(std::string name, Tensor<double> tensor) { files.emplace_back(std::move(name), std::move(tensor)); }
+    void describe(std::string_view key, std::string_view json_value) {
+        meta.push_back(fmt::format("\"{}\": {}", key, json_value));
+    }
+};
+
+Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator) {
+    Tensor<double> t(shape);
+    for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+    return t;
+}
+
+// Integer lists travel as float64 arrays (exact below 2^53), shaped [rows, n / rows].
+Tensor<double> indices_tensor(std::span<const std::size_t> indices, std::size_t rows) {
+    Tensor<double> t(rows == 1 ? Shape{indices.size()} : Shape{rows, indices.size() / rows});
+    for (std::size_t k = 0; k < indices.size(); ++k) t[k] = static_cast<double>(indices[k]);
+    return t;
+}
+
+std::string kernel_name(AttentionKernel kernel) { return kernel == AttentionKernel::fused ? "\"fused\"" : "\"composed\""; }
+
+// ---- Multi-head attention ---------------------------------------------------------------------
+
+struct MultiHeadCase {
+    std::string name;
+    std::size_t B, Tq, Tk, D, heads;
+    bool self_attention;  // X_q and X_kv are one leaf (then Tq = Tk and the offset is 0)
+    bool causal;
+    std::size_t query_offset;
+    std::vector<std::size_t> lengths;  // empty: no padding
+    AttentionKernel kernel;
+};
+
+Dump multihead_case(const MultiHeadCase& c, Fault fault, std::uint64_t seed) {
+    std::mt19937_64 generator(seed);
+    const double projection = std::sqrt(3.0 / static_cast<double>(c.D));
+    const Tensor<double> X_kv = uniform(Shape{c.B, c.Tk, c.D}, 1.0, generator);
+    const Tensor<double> X_q = c.self_attention ? X_kv : uniform(Shape{c.B, c.Tq, c.D}, 1.0, generator);
+    const Tensor<double> W_Q = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_K = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_V = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_O = uniform(Shape{c.D, c.D}, projection, generator);
+    const Tensor<double> G = uniform(Shape{c.B, c.Tq, c.D}, 1.0, generator);  // upstream dJ/dY
+
+    Tape<double> tape;
+    const Var<double> Xkv = tape.leaf(X_kv, "X_kv");
+    const Var<double> Xq = c.self_attention ? Xkv : tape.leaf(X_q, "X_q");
+    const MultiHeadWeights<double> w{tape.leaf(W_Q, "W_Q"), tape.leaf(W_K, "W_K"), tape.leaf(W_V, "W_V"),
+                                     tape.leaf(W_O, "W_O")};
+    MultiHeadOptions options{.heads = c.heads, .causal = c.causal, .query_offset = c.query_offset,
+                             .lengths = c.lengths, .dropout = std::nullopt, .kernel = c.kernel};
+    Dump dump;
+    MultiHeadWeights<double> used = w;
+    if (fault == Fault::drop_mask && (c.causal || !c.lengths.empty())) {
+        options.causal = false;
+        options.lengths.clear();
+        dump.fault_applied = true;
+    }
+    if (fault == Fault::flip_scale) {
+        used.W_Q = scale(w.W_Q, static_cast<double>(c.D / c.heads));  // Q·Kᵀ·dh/√dh = Q·Kᵀ·√dh
+        dump.fault_applied = true;
+    }
+    const MultiHeadResult<double> r = multihead_attention(Xq, Xkv, used, options);
+    tape.backward(r.Y, G);
+
+    dump.describe("model", "\"multihead\"");
+    dump.describe("heads", fmt::format("{}", c.heads));
+    dump.describe("self_attention", c.self_attention ? "true" : "false");
+    dump.describe("causal", c.causal ? "true" : "false");
+    dump.describe("query_offset", fmt::format("{}", c.query_offset));
+    dump.describe("lengths", fmt::format("[{}]", fmt::join(c.lengths, ", ")));
+    dump.describe("kernel", kernel_name(c.kernel));
+    if (c.self_attention) {
+        dump.add("X", X_kv);
+        dump.add("dX", Xkv.grad());
+    } else {
+        dump.add("X_q", X_q);
+        dump.add("X_kv", X_kv);
+        dump.add("dX_q", Xq.grad());
+        dump.add("dX_kv", Xkv.grad());
+    }
+    for (const auto& [name, W] : {std::pair{"W_Q", w.W_Q}, std::pair{"W_K", w.W_K}, std::pair{"W_V", w.W_V},
+                                  std::pair{"W_O", w.W_O}}) {
+        dump.add(name, W.value());
+        dump.add(fmt::format("d{}", name), W.grad());
+    }
+    dump.add("G", G);
+    dump.add("Y", r.Y.value());
+    if (c.kernel == AttentionKernel::composed) dump.add("A", r.A.value());
+    return dump;
+}
+
+// ---- The retrieval model (examples/retrieval.hpp) ------------------------------------------------
+
+// Small enough to keep the dump quick, large enough for two heads and several stored pairs.
+RetrievalConfig small_retrieval(AttentionKernel kernel) {
+    return RetrievalConfig{.keys = 8, .values = 6, .pairs = 5, .width = 8, .heads = 2, .seed = 7, .kernel = kernel};
+}
+
+void describe_retrieval(Dump& dump, const RetrievalConfig& config) {
+    dump.describe("heads", fmt::format("{}", config.heads));
+    dump.describe("keys", fmt::format("{}", config.keys));
+    dump.describe("values", fmt::format("{}", config.values));
+    dump.describe("kernel", kernel_name(config.kernel));
+}
+
+void add_batch(Dump& dump, const RetrievalBatch& batch, std::string_view suffix = "") {
+    dump.add(fmt::format("key_tokens{}", suffix), indices_tensor(batch.key_tokens, batch.size));
+    dump.add(fmt::format("value_tokens{}", suffix), indices_tensor(batch.value_tokens, batch.size));
+    dump.add(fmt::format("targets{}", suffix), indices_tensor(batch.targets, 1));
+}
+
+constexpr std::array<std::string_view, 7> retrieval_names{"E", "P", "W_Q", "W_K", "W_V", "W_O", "W_U"};
+
+Dump retrieval_case(AttentionKernel kernel, Fault fault) {
+    const RetrievalConfig config = small_retrieval(kernel);
+    RetrievalParameters parameters = RetrievalParameters::initial(config);
+    std::mt19937_64 data(41);
+    const RetrievalBatch batch = make_retrieval_batch(config, 4, data);
+
+    Tape<double> tape;
+    RetrievalVars<double> vars{tape.leaf(parameters.E, "E"),     tape.leaf(parameters.P, "P"),
+                               tape.leaf(parameters.W_Q, "W_Q"), tape.leaf(parameters.W_K, "W_K"),
+                               tape.leaf(parameters.W_V, "W_V"), tape.leaf(parameters.W_O, "W_O"),
+                               tape.leaf(parameters.W_U, "W_U")};
+    const std::array<Var<double>, 7> leaves{vars.E, vars.P, vars.W_Q, vars.W_K, vars.W_V, vars.W_O, vars.W_U};
+    Dump dump;
+    if (fault == Fault::flip_scale) {
+        vars.W_Q = scale(vars.W_Q, static_cast<double>(config.width / config.heads));
+        dump.fault_applied = true;
+    }
+    // The causal mask cannot matter here: the loss reads only the last position, which sees
+    // every key either way. drop_mask leaves this case alone.
+    const Var<double> logits = retrieval_logits(vars, batch, config.heads, config.kernel);
+    const Var<double> J = cross_entropy(logits, std::span<const std::size_t>(batch.targets));
+    tape.backward(J);
+
+    dump.describe("model", "\"retrieval\"");
+    describe_retrieval(dump, config);
+    add_batch(dump, batch);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+        dump.add(std::string(retrieval_names[i]), leaves[i].value());
+        dump.add(fmt::format("d{}", retrieval_names[i]), leaves[i].grad());
+    }
+    dump.add("logits", logits.value());
+    dump.add("loss", J.value());
+    return dump;
+}
+
+// Adam training of the retrieval model: the batches, the loss before each step, the initial and
+// the final parameters.
+Dump retrieval_training_case(Fault fault) {
+    constexpr std::size_t steps = 20, batch_size = 8;
+    const RetrievalConfig config = small_retrieval(AttentionKernel::composed);
+    AdamSettings settings{.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .epsilon = 1e-8};
+    Dump dump;
+    dump.describe("model", "\"retrieval_training\"");
+    describe_retrieval(dump, config);
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("adam", fmt::format("{{\"learning_rate\": {}, \"beta1\": {}, \"beta2\": {}, \"epsilon\": {}}}",
+                                      settings.learning_rate, settings.beta1, settings.beta2, settings.epsilon));
+    if (fault == Fault::nudge_learning_rate) {
+        settings.learning_rate *= 1 + 1e-6;
+        dump.fault_applied = true;
+    }
+    RetrievalTrainer trainer(config, settings);
+    RetrievalParameters initial = trainer.parameters();
+    for (std::size_t i = 0; i < retrieval_names.size(); ++i) {
+        dump.add(fmt::format("initial_{}", retrieval_names[i]), *initial.all()[i]);
+    }
+    std::mt19937_64 data(2026);
+    Tensor<double> losses(Shape{steps});
+    for (std::size_t step = 0; step < steps; ++step) {
+        const RetrievalBatch batch = make_retrieval_batch(config, batch_size, data);
+        add_batch(dump, batch, fmt::format("_{}", step));
+        losses[step] = trainer.step(batch);
+    }
+    dump.add("losses", losses);
+    RetrievalParameters final_parameters = trainer.parameters();
+    for (std::size_t i = 0; i < retrieval_names.size(); ++i) {
+        dump.add(fmt::format("final_{}", retrieval_names[i]), *final_parameters.all()[i]);
+    }
+    return dump;
+}
+
+// ---- Writing ------------------------------------------------------------------------------------
+
+void write_case(const fs::path& dir, const Dump& dump) {
+    fs::create_directories(dir);
+    for (const auto& [name, tensor] : dump.files) save_npy(dir / (name + ".npy"), tensor);
+    std::vector<std::string> meta = dump.meta;
+    meta.push_back(fmt::format("\"fault_applied\": {}", dump.fault_applied ? "true" : "false"));
+    std::ofstream file(dir / "meta.json");
+    file << fmt::format("{{{}}}\n", fmt::join(meta, ", "));
+    file.close();
+    if (!file) throw io_error(fmt::format("dump_models: cannot write '{}'", (dir / "meta.json").string()));
+}
+
+std::vector<std::pair<std::string, Dump>> all_cases(Fault fault) {
+    using K = AttentionKernel;
+    const std::vector<MultiHeadCase> multihead{
+        // Queries at absolute positions 4..6 over a history of 7 keys (the key-value cache case).
+        {"multihead_causal_offset_composed", 2, 3, 7, 8, 2, false, true, 4, {}, K::composed},
+        {"multihead_causal_offset_fused", 2, 3, 7, 8, 2, false, true, 4, {}, K::fused},
+        {"multihead_self_causal_composed", 2, 5, 5, 8, 4, true, true, 0, {}, K::composed},
+        {"multihead_self_causal_fused", 2, 5, 5, 8, 4, true, true, 0, {}, K::fused},
+        {"multihead_cross_plain_composed", 2, 3, 6, 6, 3, false, false, 0, {}, K::composed},
+        {"multihead_cross_plain_fused", 2, 3, 6, 6, 3, false, false, 0, {}, K::fused},
+        {"multihead_self_padding", 3, 6, 6, 8, 2, true, false, 0, {6, 4, 1}, K::composed},
+        {"multihead_self_padding_causal", 3, 6, 6, 8, 2, true, true, 0, {6, 3, 1}, K::composed},
+        {"multihead_padding_causal_offset", 3, 2, 6, 8, 2, false, true, 4, {6, 5, 3}, K::composed},
+    };
+    std::vector<std::pair<std::string, Dump>> cases;
+    std::uint64_t seed = 100;
+    for (const MultiHeadCase& c : multihead) cases.emplace_back(c.name, multihead_case(c, fault, seed++));
+    cases.emplace_back("retrieval_composed", retrieval_case(K::composed, fault));
+    cases.emplace_back("retrieval_fused", retrieval_case(K::fused, fault));
+    cases.emplace_back("retrieval_training", retrieval_training_case(fault));
+    return cases;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate]";
+    if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--fault")) {
+        fmt::print(stderr, "{}\n", usage);
+        return 2;
+    }
+    const auto fault = argc == 4 ? fault_names.find(argv[3]) : fault_names.find("none");
+    if (fault == fault_names.end()) {
+        fmt::print(stderr, "dump_models: unknown fault '{}'\n{}\n", argv[3], usage);
+        return 2;
+    }
+    const fs::path output = argv[1];
+    const fs::path temporary = fs::path(output.string() + fmt::format(".tmp-{}", ::getpid()));
+    try {
+        fs::remove_all(temporary);
+        for (const auto& [name, dump] : all_cases(fault->second)) write_case(temporary / name, dump);
+        fs::remove_all(output);
+        fs::rename(temporary, output);
+        return 0;
+    } catch (const std::exception& e) {
+        std::error_code ignored;
+        fs::remove_all(temporary, ignored);
+        fmt::print(stderr, "dump_models: {}\n", e.what());
+        return 1;
+    }
+}
