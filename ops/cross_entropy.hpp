@@ -3,14 +3,16 @@
 //   logits [..., V] viewed as N rows of V classes (N = size / V), targets t_0 .. t_{N−1} in [0, V)
 //   (Settings::targets)  ->  J [] (a scalar)
 //   J = (1/N) Σ_r (log Σ_c exp(z_rc) − z_{r t_r})
-// The log-sum-exp subtracts each row's maximum first, so logits of ±1e4 give the exact finite
-// loss instead of inf − inf. The softmax probabilities P are saved for the VJP.
+// The log-sum-exp subtracts each row's maximum first (log_partition, shared with
+// ops/log_softmax.hpp), so logits of ±1e4 give the exact finite loss instead of inf − inf.
+// The softmax probabilities P are saved for the VJP.
 // VJP (G is the scalar upstream gradient):
 //   dz_rc = G·(P_rc − [c = t_r]) / N
 // because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
 #pragma once
 
 #include "ops/checks.hpp"
+#include "ops/log_softmax.hpp"
 #include "autodiff/tape.hpp"
 
 #include <fmt/format.h>
@@ -31,33 +33,16 @@ struct CrossEntropy {
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& J, Tensor<T>& P) {
-        using std::exp;
-        using std::log;
         const Tensor<T>& z = *in[0];
         const std::size_t V = z.cols(), N = z.size() / V;
         P.resize(z.shape());
         T total(0);
         for (std::size_t r = 0; r < N; ++r) {
-            const T* row = z.data().data() + r * V;
             T* probabilities = P.data().data() + r * V;
-            T row_max = row[0];
-            for (std::size_t c = 0; c < V; ++c) {
-                if (!is_finite(row[c])) {
-                    throw value_error(fmt::format("cross_entropy: logit {} at {} of shape {}; logits must be finite",
-                                                  to_double(row[c]), index_string(z.shape(), r * V + c),
-                                                  z.shape().to_string()));
-                }
-                if (row[c] > row_max) row_max = row[c];
-            }
-            T Z(0);
-            for (std::size_t c = 0; c < V; ++c) {
-                probabilities[c] = exp(row[c] - row_max);
-                Z += probabilities[c];
-            }
-            for (std::size_t c = 0; c < V; ++c) probabilities[c] /= Z;
-            const std::size_t target = s.targets[r];
+            const LogPartition<T> part = log_partition(name, z, r, probabilities);
+            for (std::size_t c = 0; c < V; ++c) probabilities[c] /= part.Z;
             // −log P_{r t} = log Z + max − z_t, written so that no large terms cancel.
-            total += T(log(Z)) - (row[target] - row_max);
+            total += part.log_Z - (z[r * V + s.targets[r]] - part.max);
         }
         J.resize(Shape{});
         J[0] = total / T(N);

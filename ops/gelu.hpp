@@ -1,0 +1,86 @@
+// gelu: the Gaussian error linear unit, elementwise (the transformer MLP's nonlinearity).
+//   A [...] -> Y [...], in one of two forms (Settings::form, GeluForm):
+//   * GeluForm::tanh (the DEFAULT, as GPT-2 and torch.nn.GELU(approximate='tanh')):
+//       y = ½·a·(1 + t),   t = tanh(u),   u = c·(a + k·a³),   c = √(2/π),   k = 0.044715
+//       dy/da = ½·(1 + t) + ½·a·(1 − t²)·c·(1 + 3k·a²)
+//   * GeluForm::erf (exact, as torch.nn.GELU() by default):
+//       y = a·Φ(a) = ½·a·(1 + erf(a/√2))
+//       dy/da = Φ(a) + a·φ(a),   φ(a) = exp(−a²/2)/√(2π)   (Φ' = φ)
+// VJP: dA = G ∘ dy/da, recomputed from the input A. Forgetting the a·(...) term (the slope of the
+// gate itself) would give G∘Φ, which is wrong everywhere but at a = 0.
+// Constants are computed in the tape's own precision (π = 4·atan 1), so a 50-digit tape holds them
+// to 50 digits.
+#pragma once
+
+#include "ops/checks.hpp"
+#include "autodiff/tape.hpp"
+
+namespace tapegrad {
+
+enum class GeluForm {
+    tanh,  // GPT-2's approximation (default)
+    erf,   // the exact x·Φ(x)
+};
+
+struct Gelu {
+    static constexpr std::string_view name = "gelu";
+
+    struct Settings {
+        GeluForm form = GeluForm::tanh;
+    };
+
+    template <Scalar T>
+    static T pi() {
+        using std::atan;
+        return T(4) * T(atan(T(1)));
+    }
+
+    template <Scalar T>
+    static T value(GeluForm form, const T& a) {
+        using std::erf;
+        using std::sqrt;
+        using std::tanh;
+        if (form == GeluForm::erf) return T(a * (T(1) + T(erf(a / T(sqrt(T(2)))))) / T(2));
+        const T c = sqrt(T(T(2) / pi<T>()));
+        const T t = tanh(T(c * (a + T(0.044715) * a * a * a)));
+        return T(a * (T(1) + t) / T(2));
+    }
+
+    template <Scalar T>
+    static T slope(GeluForm form, const T& a) {
+        using std::erf;
+        using std::exp;
+        using std::sqrt;
+        using std::tanh;
+        if (form == GeluForm::erf) {
+            const T Phi = (T(1) + T(erf(a / T(sqrt(T(2)))))) / T(2);
+            const T phi = T(exp(T(-a * a / T(2)))) / T(sqrt(T(T(2) * pi<T>())));
+            return Phi + a * phi;
+        }
+        const T c = sqrt(T(T(2) / pi<T>()));
+        const T k(0.044715);
+        const T t = tanh(T(c * (a + k * a * a * a)));
+        return (T(1) + t) / T(2) + a * (T(1) - t * t) * c * (T(1) + T(3) * k * a * a) / T(2);
+    }
+
+    template <Scalar T>
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
+        const Tensor<T>& A = *in[0];
+        Y.resize(A.shape());
+        for (std::size_t k = 0; k < A.size(); ++k) Y[k] = value(s.form, A[k]);
+    }
+
+    template <Scalar T>
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        const Tensor<T>& A = *at.in[0];
+        for (std::size_t k = 0; k < A.size(); ++k) dA[k] = at.G[k] * slope(s.form, A[k]);
+    }
+};
+
+template <Scalar T>
+Var<T> gelu(const Var<T>& A, GeluForm form = GeluForm::tanh) {
+    checks::non_empty(Gelu::name, "A", A);
+    return A.tape().template record<Gelu>({A}, Gelu::Settings{form});
+}
+
+}  // namespace tapegrad
