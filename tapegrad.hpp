@@ -17,6 +17,7 @@
 #include "models/masks.hpp"
 #include "models/multihead.hpp"
 #include "models/optimizer.hpp"
+#include "models/transformer.hpp"
 #include "ops/abs.hpp"
 #include "ops/add.hpp"
 #include "ops/add_bias.hpp"

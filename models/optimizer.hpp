@@ -1,8 +1,18 @@
-// Adam (Kingma & Ba, 2015) on the tape's gradients: parameters live outside the tape as tensors,
-// each step reads their gradients from the tape and updates them in place.
-//   m ← β1·m + (1−β1)·g,   v ← β2·v + (1−β2)·g²,   θ ← θ − lr·m̂ / (√v̂ + ε)
-// with the bias corrections m̂ = m/(1−β1^t), v̂ = v/(1−β2^t) for the first steps, when m and v
-// are still pulled towards their zero start.
+// The optimizer on the tape's gradients: Adam (Kingma & Ba, 2015) with decoupled weight decay
+// (AdamW, Loshchilov & Hutter, 2019), a warm-up + cosine learning-rate schedule, and clipping of
+// all gradients by their global norm. Parameters live outside the tape as tensors; each step
+// reads their gradients and updates them in place. Every formula is PyTorch's (torch.optim.AdamW,
+// torch.nn.utils.clip_grad_norm_, 1.13), in the same order of operations, so a float64 PyTorch
+// run from the same parameters on the same batches follows the same trajectory.
+//
+// AdamW step t (t = 1, 2, ...), for each parameter θ with gradient g, lr the current rate, λ the
+// weight decay (0: plain Adam):
+//   θ ← θ·(1 − lr·λ)                       decoupled decay, only for parameters of rank ≥ 2 when
+//                                          DecayScope::matrices (nanoGPT's rule: weight matrices
+//                                          and embeddings decay; gains and biases do not)
+//   m ← β1·m + (1−β1)·g,   v ← β2·v + (1−β2)·g²
+//   θ ← θ − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)
+// The bias corrections undo m's and v's pull towards their zero start in the first steps.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -11,26 +21,43 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <numbers>
 #include <span>
 #include <vector>
 
 namespace tapegrad {
+
+// Which parameters weight decay applies to.
+enum class DecayScope {
+    matrices,  // rank >= 2 only (weights, embeddings), not gains and biases
+    all,
+};
 
 struct AdamSettings {
     double learning_rate = 1e-2;
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-8;
+    double weight_decay = 0.0;  // λ; > 0 makes this AdamW
+    DecayScope decay_scope = DecayScope::matrices;
+};
+
+// Adam's moments and step count, for saving and resuming a run exactly.
+struct AdamState {
+    std::vector<Tensor<double>> first, second;  // m and v, one per parameter
+    std::size_t steps = 0;
 };
 
 class Adam {
 public:
     explicit Adam(AdamSettings settings = {}) : settings_(settings) {
         if (!(settings.learning_rate > 0) || !(settings.beta1 >= 0 && settings.beta1 < 1) ||
-            !(settings.beta2 >= 0 && settings.beta2 < 1) || !(settings.epsilon > 0)) {
+            !(settings.beta2 >= 0 && settings.beta2 < 1) || !(settings.epsilon > 0) || !(settings.weight_decay >= 0)) {
             throw value_error(fmt::format("Adam: settings out of range (learning rate {}, beta1 {}, beta2 {}, "
-                                          "epsilon {}); need lr > 0, 0 <= beta < 1, epsilon > 0",
-                                          settings.learning_rate, settings.beta1, settings.beta2, settings.epsilon));
+                                          "epsilon {}, weight decay {}); need lr > 0, 0 <= beta < 1, epsilon > 0, "
+                                          "weight decay >= 0",
+                                          settings.learning_rate, settings.beta1, settings.beta2, settings.epsilon,
+                                          settings.weight_decay));
         }
     }
 
@@ -40,49 +67,110 @@ public:
             throw usage_error(fmt::format("Adam::step: {} parameters but {} gradients", parameters.size(),
                                           gradients.size()));
         }
-        if (first_.empty()) {
+        if (state_.first.empty()) {
             for (const Tensor<double>* p : parameters) {
-                first_.emplace_back(p->shape());
-                second_.emplace_back(p->shape());
+                state_.first.emplace_back(p->shape());
+                state_.second.emplace_back(p->shape());
             }
         }
-        if (first_.size() != parameters.size()) {
+        if (state_.first.size() != parameters.size()) {
             throw usage_error(fmt::format("Adam::step: {} parameters, but the optimizer was started with {}",
-                                          parameters.size(), first_.size()));
+                                          parameters.size(), state_.first.size()));
         }
-        ++steps_;
-        const double correction1 = 1 - std::pow(settings_.beta1, static_cast<double>(steps_));
-        const double correction2 = 1 - std::pow(settings_.beta2, static_cast<double>(steps_));
-        for (std::size_t i = 0; i < parameters.size(); ++i) {
-            Tensor<double>& theta = *parameters[i];
-            const Tensor<double>& g = *gradients[i];
-            if (!(theta.shape() == g.shape()) || !(theta.shape() == first_[i].shape())) {
-                throw shape_error(fmt::format("Adam::step: parameter {} is {}, its gradient {}, its state {}", i,
-                                              theta.shape().to_string(), g.shape().to_string(),
-                                              first_[i].shape().to_string()));
-            }
-            for (std::size_t k = 0; k < theta.size(); ++k) {
-                double& m = first_[i][k];
-                double& v = second_[i][k];
-                m = settings_.beta1 * m + (1 - settings_.beta1) * g[k];
-                v = settings_.beta2 * v + (1 - settings_.beta2) * g[k] * g[k];
-                theta[k] -= settings_.learning_rate * (m / correction1) / (std::sqrt(v / correction2) + settings_.epsilon);
-            }
-        }
+        ++state_.steps;
+        for (std::size_t i = 0; i < parameters.size(); ++i) update(i, *parameters[i], *gradients[i]);
     }
 
-    std::size_t steps() const { return steps_; }
+    std::size_t steps() const { return state_.steps; }
     double learning_rate() const { return settings_.learning_rate; }
     // For a schedule (decay): the rate used by the following steps.
     void set_learning_rate(double rate) {
         if (!(rate > 0)) throw value_error(fmt::format("Adam: learning rate {} must be positive", rate));
         settings_.learning_rate = rate;
     }
+    const AdamState& state() const { return state_; }
+    // Resumes from a saved state (the moments' shapes are checked against the parameters at the next step).
+    void restore(AdamState state) {
+        if (state.first.size() != state.second.size()) {
+            throw usage_error(fmt::format("Adam::restore: {} first moments but {} second moments", state.first.size(),
+                                          state.second.size()));
+        }
+        state_ = std::move(state);
+    }
 
 private:
+    void update(std::size_t i, Tensor<double>& theta, const Tensor<double>& g) {
+        if (!(theta.shape() == g.shape()) || !(theta.shape() == state_.first[i].shape()) ||
+            !(theta.shape() == state_.second[i].shape())) {
+            throw shape_error(fmt::format("Adam::step: parameter {} is {}, its gradient {}, its state {}", i,
+                                          theta.shape().to_string(), g.shape().to_string(),
+                                          state_.first[i].shape().to_string()));
+        }
+        const AdamSettings& s = settings_;
+        const double t = static_cast<double>(state_.steps);
+        const double step_size = s.learning_rate / (1 - std::pow(s.beta1, t));
+        const double correction2_root = std::sqrt(1 - std::pow(s.beta2, t));
+        const bool decays = s.weight_decay > 0 && (s.decay_scope == DecayScope::all || theta.rank() >= 2);
+        const double shrink = 1 - s.learning_rate * s.weight_decay;
+        for (std::size_t k = 0; k < theta.size(); ++k) {
+            double& m = state_.first[i][k];
+            double& v = state_.second[i][k];
+            if (decays) theta[k] *= shrink;
+            m = m * s.beta1 + (1 - s.beta1) * g[k];
+            v = v * s.beta2 + (1 - s.beta2) * g[k] * g[k];
+            theta[k] += -step_size * (m / (std::sqrt(v) / correction2_root + s.epsilon));
+        }
+    }
+
     AdamSettings settings_;
-    std::vector<Tensor<double>> first_, second_;
-    std::size_t steps_ = 0;
+    AdamState state_;
 };
+
+// AdamW is Adam with AdamSettings::weight_decay > 0 (decoupled: θ shrinks by lr·λ·θ each step).
+using AdamW = Adam;
+
+// Linear warm-up, then cosine decay to a floor (nanoGPT's schedule). For step s = 0, 1, ...:
+//   s < W:           lr = peak · (s + 1) / W
+//   W <= s < S:      lr = floor + ½ (peak − floor) (1 + cos(π (s − W) / (S − W))),  floor = peak·floor_ratio
+//   s >= S:          lr = floor
+// with W = warmup_steps and S = total_steps.
+struct WarmupCosine {
+    double peak = 1e-3;
+    std::size_t warmup_steps = 100;
+    std::size_t total_steps = 1000;
+    double floor_ratio = 0.1;
+
+    double rate(std::size_t s) const {
+        const double floor = peak * floor_ratio;
+        if (s < warmup_steps) return peak * static_cast<double>(s + 1) / static_cast<double>(warmup_steps);
+        if (s >= total_steps) return floor;
+        const double progress =
+            static_cast<double>(s - warmup_steps) / static_cast<double>(total_steps - warmup_steps);
+        return floor + 0.5 * (peak - floor) * (1 + std::cos(std::numbers::pi * progress));
+    }
+};
+
+// Scales all gradients together so that their global norm ‖g‖ (the 2-norm over every entry of
+// every tensor) is at most max_norm, as torch.nn.utils.clip_grad_norm_: ‖g‖ is the norm of the
+// per-tensor norms (PyTorch's order of summation), and with c = max_norm / (‖g‖ + 1e-6) every entry
+// is multiplied by c when c < 1. Returns ‖g‖ before clipping. The update keeps its direction; only
+// a step of exploding size is shortened.
+inline double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm) {
+    if (!(max_norm > 0)) throw value_error(fmt::format("clip_by_global_norm: max_norm {} must be positive", max_norm));
+    double norms_squared = 0;
+    for (const Tensor<double>* g : gradients) {
+        double squares = 0;
+        for (const double x : g->data()) squares += x * x;
+        const double norm = std::sqrt(squares);
+        norms_squared += norm * norm;
+    }
+    const double norm = std::sqrt(norms_squared);
+    const double coefficient = max_norm / (norm + 1e-6);
+    if (coefficient < 1) {
+        for (Tensor<double>* g : gradients)
+            for (double& x : g->data()) x *= coefficient;
+    }
+    return norm;
+}
 
 }  // namespace tapegrad

@@ -1,0 +1,187 @@
+// Trains the character-level language model of examples/charlm.hpp on the prose files of Debian's
+// `fortunes` package: AdamW, warm-up + cosine decay, gradient clipping, validation in bits per
+// character, checkpoints that resume exactly, and a sample from a prompt.
+//   train_charlm [--steps N] [--stop-after K] [--save DIR] [--load DIR] [--prompt TEXT] ...
+// (--help lists every option). Progress is a bar on a terminal and plain lines otherwise. With
+// --curve FILE.png and gnuplot on the PATH, the loss and validation curves are drawn; --curve-data
+// writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
+#include "examples/charlm.hpp"
+#include "autodiff/parallel.hpp"
+
+#include <boost/program_options.hpp>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <unistd.h>
+
+namespace {
+
+using namespace tapegrad;
+namespace po = boost::program_options;
+
+struct RunOptions {
+    CharLmSettings model;
+    std::size_t stop_after = 0;  // 0: run to --steps
+    std::size_t eval_every = 200;
+    std::size_t eval_windows = 64;
+    std::size_t sample_length = 300;
+    unsigned threads = 1;
+    std::string save, load, prompt = "The ", curve, curve_data;
+    std::vector<std::string> corpus;
+};
+
+// The options, or nothing when --help was asked for.
+std::optional<RunOptions> parse(int argc, char** argv) {
+    RunOptions r;
+    CharLmSettings& m = r.model;
+    po::options_description description("train_charlm options");
+    description.add_options()("help", "this text")
+        ("steps", po::value(&m.steps)->default_value(m.steps), "optimizer steps (the schedule's length)")
+        ("stop-after", po::value(&r.stop_after)->default_value(0), "stop (and save) after this many steps, 0: at --steps")
+        ("layers", po::value(&m.layers)->default_value(m.layers), "transformer blocks L")
+        ("width", po::value(&m.width)->default_value(m.width), "model width D")
+        ("heads", po::value(&m.heads)->default_value(m.heads), "attention heads")
+        ("context", po::value(&m.context)->default_value(m.context), "characters per sequence T")
+        ("batch", po::value(&m.batch)->default_value(m.batch), "sequences per step")
+        ("warmup", po::value(&m.warmup)->default_value(m.warmup), "warm-up steps")
+        ("lr", po::value(&m.peak_rate)->default_value(m.peak_rate), "peak learning rate")
+        ("weight-decay", po::value(&m.weight_decay)->default_value(m.weight_decay), "AdamW weight decay (matrices)")
+        ("clip", po::value(&m.clip_norm)->default_value(m.clip_norm), "gradient global-norm cap")
+        ("seed", po::value(&m.seed)->default_value(m.seed), "initialisation and batches")
+        ("threads", po::value(&r.threads)->default_value(r.threads), "threads (tapegrad::set_threads)")
+        ("eval-every", po::value(&r.eval_every)->default_value(r.eval_every), "validation every this many steps")
+        ("eval-windows", po::value(&r.eval_windows)->default_value(r.eval_windows), "validation windows during training")
+        ("save", po::value(&r.save), "checkpoint directory written at the end")
+        ("load", po::value(&r.load), "checkpoint directory to resume from")
+        ("prompt", po::value(&r.prompt)->default_value(r.prompt), "sample text after this prompt")
+        ("sample-length", po::value(&r.sample_length)->default_value(r.sample_length), "characters to sample, 0: none")
+        ("curve", po::value(&r.curve), "PNG of the curves (needs gnuplot on the PATH)")
+        ("curve-data", po::value(&r.curve_data), "text file of step, training and validation bits/char")
+        ("corpus", po::value(&r.corpus)->multitoken(), "text files (default: prose files of Debian's fortunes)");
+    po::variables_map values;
+    po::store(po::parse_command_line(argc, argv, description), values);
+    if (values.count("help")) {
+        std::cout << description << "\n";
+        return std::nullopt;
+    }
+    po::notify(values);
+    return r;
+}
+
+// One line per report on a pipe or file; a bar redrawn in place on a terminal.
+class Progress {
+public:
+    explicit Progress(std::size_t total) : total_(total), terminal_(isatty(STDOUT_FILENO) != 0) {}
+    void report(std::size_t step, double loss_bits, double validation_bits, double seconds, bool force) {
+        const std::string figures = fmt::format("step {:5d}/{}  train {:.3f} bits/char  validation {:.3f} bits/char  {:.0f} s",
+                                                step, total_, loss_bits, validation_bits, seconds);
+        if (terminal_) {
+            const std::size_t filled = 30 * step / std::max<std::size_t>(total_, 1);
+            fmt::print("\r[{}{}] {}", std::string(filled, '#'), std::string(30 - filled, '.'), figures);
+            if (step == total_) fmt::print("\n");
+            std::fflush(stdout);
+        } else if (force) {
+            fmt::print("{}\n", figures);
+            std::fflush(stdout);  // a pipe's reader (a log, CTest) sees each line as it comes
+        }
+    }
+
+private:
+    std::size_t total_;
+    bool terminal_;
+};
+
+struct CurvePoint {
+    std::size_t step;
+    double train_bits, validation_bits;
+};
+
+void write_curve_data(const std::string& path, const std::vector<CurvePoint>& points) {
+    std::string text = "# step  training bits/char (mean since the last point)  validation bits/char\n";
+    for (const CurvePoint& p : points) text += fmt::format("{} {:.6f} {:.6f}\n", p.step, p.train_bits, p.validation_bits);
+    charlm_files::write_atomically(path, text);
+}
+
+// Draws the curves with gnuplot when it is on the PATH; says so and goes on when it is not.
+void draw_curve(const std::string& png, const std::string& data) {
+    if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
+        fmt::print("gnuplot not found: no picture drawn (the data is in {})\n", data);
+        return;
+    }
+    const std::string script = fmt::format(
+        "set terminal pngcairo size 800,500; set output '{}.tmp'; set xlabel 'step'; set ylabel 'bits per character'; "
+        "set grid; plot '{}' using 1:2 with lines title 'training', '' using 1:3 with linespoints title 'validation'",
+        png, data);
+    FILE* pipe = popen("gnuplot", "w");
+    if (pipe == nullptr) throw io_error("train_charlm: cannot start gnuplot");
+    fmt::print(pipe, "{}\n", script);
+    if (pclose(pipe) != 0) throw io_error("train_charlm: gnuplot failed to draw the curve");
+    std::filesystem::rename(png + ".tmp", png);
+    fmt::print("curve written to {}\n", png);
+}
+
+int run(const RunOptions& r) {
+    set_threads(r.threads);
+    std::vector<std::filesystem::path> files(r.corpus.begin(), r.corpus.end());
+    if (files.empty()) files = default_corpus_files();
+    const Corpus corpus = load_corpus(files);
+    CharLmTrainer trainer(r.model, corpus);
+    if (!r.load.empty()) trainer.load(r.load);
+    const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;
+    fmt::print("corpus: {} files, {} training and {} validation characters, alphabet of {}\n", files.size(),
+               corpus.train.size(), corpus.validation.size(), corpus.alphabet.size());
+    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters; steps {}..{} of {}; {} thread(s)\n",
+               r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
+               [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
+               trainer.steps_done() + 1, last, r.model.steps, r.threads);
+    const auto start = std::chrono::steady_clock::now();
+    const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+    Progress progress(last);
+    std::vector<CurvePoint> curve;
+    double running = 0, validation = 0;
+    std::size_t window = 0;
+    while (trainer.steps_done() < last) {
+        running += trainer.step() / std::numbers::ln2;
+        ++window;
+        const std::size_t step = trainer.steps_done();
+        const bool evaluate = step % r.eval_every == 0 || step == last;
+        if (evaluate) {
+            validation = trainer.validation_loss(r.eval_windows) / std::numbers::ln2;
+            curve.push_back({step, running / static_cast<double>(window), validation});
+        }
+        progress.report(step, running / static_cast<double>(window), validation, seconds(), evaluate);
+        if (evaluate) running = 0, window = 0;
+    }
+    const double full = trainer.validation_loss() / std::numbers::ln2;
+    fmt::print("final validation (all {} characters): {:.4f} bits/char after {} steps, {:.1f} s training\n",
+               corpus.validation.size(), full, trainer.steps_done(), seconds());
+    if (!r.save.empty()) {
+        trainer.save(r.save);
+        fmt::print("checkpoint saved to {}\n", r.save);
+    }
+    if (!r.curve_data.empty() || !r.curve.empty()) {
+        const std::string data = r.curve_data.empty() ? r.curve + ".dat" : r.curve_data;
+        write_curve_data(data, curve);
+        if (!r.curve.empty()) draw_curve(r.curve, data);
+    }
+    if (r.sample_length > 0) {
+        fmt::print("sample (seed {}) after \"{}\":\n{}{}\n", r.model.seed, r.prompt, r.prompt,
+                   trainer.sample(r.prompt, r.sample_length, r.model.seed));
+    }
+    return EXIT_SUCCESS;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const std::optional<RunOptions> options = parse(argc, argv);
+        return options ? run(*options) : EXIT_SUCCESS;
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "train_charlm: {}\n", e.what());
+        return EXIT_FAILURE;
+    }
+}

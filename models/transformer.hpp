@@ -1,0 +1,288 @@
+// A decoder-only transformer (GPT-2's shape, as nanoGPT writes it) composed from ops; its gradient
+// is the tape's chain of the ops' VJPs (no VJP of its own), checked end to end at 50 digits
+// (tests/test_transformer.cpp).
+//   tokens t [B, T] (sequence-major), positions p = offset + 0 .. offset + T − 1
+//   X_0 = E[t] + P[p]                                         E [V × D] tokens, P [T_max × D] positions
+//   for each of the L blocks (pre-norm, residual):
+//     X ← X + multihead_attention(ln1(X))                     causal; W_Q, W_K, W_V, W_O [D × D], no biases
+//     X ← X + gelu(ln2(X)·W_1 + b_1)·W_2 + b_2                W_1 [D × 4D], b_1 [4D], W_2 [4D × D], b_2 [D]
+//   logits = ln_f(X)·Eᵀ                                       tied: E is the output projection too
+//   J = cross_entropy(logits, next tokens)                    mean over the B·T predictions
+// ln(x) = layer_norm(x; gain, bias) over D with ε inside the root (ops/layer_norm.hpp, ε = 1e-5);
+// gelu in the tanh form by default (ops/gelu.hpp). Multi-head attention scales by 1/√(D/H). E
+// feeds the embedding gather and the output matmul: the tape sums both branches (and the checker
+// attributes each). Dropout on the attention weights is off unless asked for (with an explicit
+// generator). The attention is the one multi-head composition (models/multihead.hpp), composed
+// or fused kernel.
+// Generation: a Memory holds, per block, the rows attention reads keys and values from (the
+// block's ln1 outputs so far); a call with a Memory attends over those rows plus its own, with
+// query_offset = the number already held, and appends its rows. K and V are these rows'
+// projections, recomputed by multihead_attention (2·D² per row per block, small next to a step;
+// one attention composition rather than a second one over cached K and V).
+// Initialisation (GPT-2): every matrix and both embeddings N(0, 0.02²), the residual outputs W_O
+// and W_2 N(0, (0.02/√(2L))²), gains 1, biases 0; drawn by a portable Box–Muller from mt19937_64
+// seeded by config.seed, in the order of parameter_names(), row-major within each tensor.
+#pragma once
+
+#include "models/multihead.hpp"
+#include "ops/add.hpp"
+#include "ops/add_bias.hpp"
+#include "ops/concat.hpp"
+#include "ops/cross_entropy.hpp"
+#include "ops/embedding.hpp"
+#include "ops/gelu.hpp"
+#include "ops/layer_norm.hpp"
+#include "ops/matmul.hpp"
+#include "ops/transpose.hpp"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <optional>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tapegrad {
+
+struct TransformerConfig {
+    std::size_t vocabulary = 12;  // V
+    std::size_t context = 8;      // T_max: positions learned, longest sequence
+    std::size_t width = 16;       // D
+    std::size_t heads = 2;        // D must be a multiple
+    std::size_t layers = 2;       // L
+    std::size_t mlp_factor = 4;   // MLP width mlp_factor·D
+    GeluForm gelu = GeluForm::tanh;
+    LayerNormSettings layer_norm{};  // ε = 1e-5
+    AttentionKernel kernel = AttentionKernel::composed;
+    std::uint64_t seed = 1;       // initialisation
+
+    // E, P, 12 per block, the final gain and bias.
+    std::size_t parameter_count() const { return 4 + 12 * layers; }
+};
+
+inline void check_transformer_config(const TransformerConfig& c) {
+    if (c.vocabulary < 2 || c.context == 0 || c.width == 0 || c.heads == 0 || c.width % c.heads != 0 ||
+        c.layers == 0 || c.mlp_factor == 0) {
+        throw value_error(fmt::format("transformer: bad config (vocabulary {}, context {}, width {}, heads {}, layers "
+                                      "{}, mlp_factor {}): need vocabulary >= 2, a width that is a positive multiple "
+                                      "of heads, and context, layers, mlp_factor >= 1",
+                                      c.vocabulary, c.context, c.width, c.heads, c.layers, c.mlp_factor));
+    }
+}
+
+// Names in the one parameter order (files, the checker's leaves, the optimizer's state).
+inline std::vector<std::string> parameter_names(const TransformerConfig& c) {
+    std::vector<std::string> names = {"E", "P"};
+    for (std::size_t l = 0; l < c.layers; ++l) {
+        for (const char* part : {"ln1.gain", "ln1.bias", "attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "ln2.gain",
+                                 "ln2.bias", "mlp.W_1", "mlp.b_1", "mlp.W_2", "mlp.b_2"}) {
+            names.push_back(fmt::format("block{}.{}", l, part));
+        }
+    }
+    names.push_back("ln_f.gain");
+    names.push_back("ln_f.bias");
+    return names;
+}
+
+// Shapes in the same order.
+inline std::vector<Shape> parameter_shapes(const TransformerConfig& c) {
+    const std::size_t D = c.width, M = c.mlp_factor * c.width;
+    std::vector<Shape> shapes = {Shape{c.vocabulary, D}, Shape{c.context, D}};
+    for (std::size_t l = 0; l < c.layers; ++l) {
+        for (const Shape& s : {Shape{D}, Shape{D}, Shape{D, D}, Shape{D, D}, Shape{D, D}, Shape{D, D}, Shape{D},
+                               Shape{D}, Shape{D, M}, Shape{M}, Shape{M, D}, Shape{D}}) {
+            shapes.push_back(s);
+        }
+    }
+    shapes.push_back(Shape{D});
+    shapes.push_back(Shape{D});
+    return shapes;
+}
+
+namespace detail {
+
+// N(0, 1) by Box–Muller from two 53-bit uniforms: the same numbers from any standard library.
+inline double draw_standard_normal(std::mt19937_64& generator) {
+    const double u1 = (static_cast<double>(generator() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    const double u2 = static_cast<double>(generator() >> 11) * 0x1.0p-53;          // [0, 1)
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+enum class InitialValue { one, zero, normal };
+
+// What a parameter starts as, from its name (see the header comment).
+inline InitialValue initial_value(const std::string& name) {
+    if (name.ends_with("gain")) return InitialValue::one;
+    if (name.ends_with("bias") || name.ends_with("b_1") || name.ends_with("b_2")) return InitialValue::zero;
+    return InitialValue::normal;
+}
+
+}  // namespace detail
+
+// GPT-2's initialisation, seeded by config.seed.
+inline std::vector<Tensor<double>> initial_parameters(const TransformerConfig& c) {
+    check_transformer_config(c);
+    std::mt19937_64 generator(c.seed);
+    const std::vector<std::string> names = parameter_names(c);
+    const std::vector<Shape> shapes = parameter_shapes(c);
+    const double residual_spread = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+    std::vector<Tensor<double>> values;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        const detail::InitialValue kind = detail::initial_value(names[i]);
+        Tensor<double> t(shapes[i], kind == detail::InitialValue::one ? 1.0 : 0.0);
+        if (kind == detail::InitialValue::normal) {
+            const bool residual_output = names[i].ends_with("W_O") || names[i].ends_with("W_2");
+            const double spread = residual_output ? residual_spread : 0.02;
+            for (double& x : t.data()) x = spread * detail::draw_standard_normal(generator);
+        }
+        values.push_back(std::move(t));
+    }
+    return values;
+}
+
+template <Scalar T>
+struct BlockVars {
+    Var<T> ln1_gain, ln1_bias;
+    MultiHeadWeights<T> attention;
+    Var<T> ln2_gain, ln2_bias, W_1, b_1, W_2, b_2;
+};
+
+// The parameters as leaves of one tape, named, in parameter_names() order.
+template <Scalar T>
+struct TransformerVars {
+    Var<T> E, P;
+    std::vector<BlockVars<T>> blocks;
+    Var<T> final_gain, final_bias;
+
+    static TransformerVars from(std::span<const Var<T>> leaves, const TransformerConfig& c) {
+        if (leaves.size() != c.parameter_count()) {
+            throw usage_error(fmt::format("transformer: {} parameters given, the config needs {}", leaves.size(),
+                                          c.parameter_count()));
+        }
+        TransformerVars v{leaves[0], leaves[1], {}, leaves[leaves.size() - 2], leaves[leaves.size() - 1]};
+        for (std::size_t l = 0; l < c.layers; ++l) {
+            const Var<T>* b = leaves.data() + 2 + 12 * l;
+            v.blocks.push_back({b[0], b[1], {b[2], b[3], b[4], b[5]}, b[6], b[7], b[8], b[9], b[10], b[11]});
+        }
+        return v;
+    }
+
+    // The leaves back in parameter_names() order (the inverse of `from`).
+    std::vector<Var<T>> all() const {
+        std::vector<Var<T>> leaves = {E, P};
+        for (const BlockVars<T>& b : blocks) {
+            leaves.insert(leaves.end(), {b.ln1_gain, b.ln1_bias, b.attention.W_Q, b.attention.W_K, b.attention.W_V,
+                                         b.attention.W_O, b.ln2_gain, b.ln2_bias, b.W_1, b.b_1, b.W_2, b.b_2});
+        }
+        leaves.push_back(final_gain);
+        leaves.push_back(final_bias);
+        return leaves;
+    }
+
+    // Records `values` as leaves of `tape` (named as parameter_names()).
+    static TransformerVars record(Tape<T>& tape, std::span<const Tensor<double>> values, const TransformerConfig& c) {
+        const std::vector<std::string> names = parameter_names(c);
+        std::vector<Var<T>> leaves;
+        for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
+            leaves.push_back(tape.leaf(tensor_cast<T>(values[i]), names[i]));
+        }
+        return from(leaves, c);
+    }
+};
+
+// Per block, the rows its attention has read so far ([B, t, D]), for generation.
+template <Scalar T>
+struct TransformerMemory {
+    std::vector<Tensor<T>> rows;  // one per block; empty before the first call
+    std::size_t length = 0;       // t, the positions held
+};
+
+// How one pass runs: attention-weight dropout (off unless given), and the memory to extend
+// (nullptr: a full pass over the tokens, positions from 0).
+template <Scalar T>
+struct TransformerRun {
+    std::optional<DropoutSettings> dropout{};
+    TransformerMemory<T>* memory = nullptr;
+};
+
+namespace detail {
+
+template <Scalar T>
+Var<T> transformer_input(const TransformerVars<T>& p, std::span<const std::size_t> tokens, std::size_t batch,
+                         std::size_t offset) {
+    const std::size_t T_new = tokens.size() / batch;
+    std::vector<std::size_t> positions(tokens.size());
+    for (std::size_t k = 0; k < positions.size(); ++k) positions[k] = offset + k % T_new;
+    const Var<T> token_rows = embedding(p.E, tokens, batch);
+    return add(token_rows, embedding(p.P, std::span<const std::size_t>(positions), batch)).named("X_0");
+}
+
+// The rows attention reads: this call's own, after those in the memory (which then holds both).
+template <Scalar T>
+Var<T> attention_memory(const Var<T>& own, std::size_t block, TransformerMemory<T>* memory) {
+    if (memory == nullptr) return own;
+    if (memory->rows.size() <= block) {
+        memory->rows.push_back(own.value());
+        return own;
+    }
+    const Var<T> all = concat({own.tape().constant(memory->rows[block], "memory"), own}, 1);
+    memory->rows[block] = all.value();
+    return all;
+}
+
+template <Scalar T>
+Var<T> transformer_block(const Var<T>& X, const BlockVars<T>& b, const TransformerConfig& c,
+                         const TransformerRun<T>& run, std::size_t block, std::size_t offset) {
+    const Var<T> a = layer_norm(X, b.ln1_gain, b.ln1_bias, c.layer_norm).named("ln1");
+    MultiHeadOptions options;
+    options.heads = c.heads;
+    options.query_offset = offset;
+    options.dropout = run.dropout;
+    options.kernel = c.kernel;
+    const Var<T> attended =
+        add(X, multihead_attention(a, attention_memory(a, block, run.memory), b.attention, options).Y);
+    const Var<T> m = layer_norm(attended, b.ln2_gain, b.ln2_bias, c.layer_norm).named("ln2");
+    const Var<T> hidden = gelu(add_bias(matmul(m, b.W_1), b.b_1), c.gelu).named("mlp hidden");
+    return add(attended, add_bias(matmul(hidden, b.W_2), b.b_2)).named(fmt::format("block{} out", block));
+}
+
+inline void check_tokens(const TransformerConfig& c, std::span<const std::size_t> tokens, std::size_t batch,
+                         std::size_t offset) {
+    if (batch == 0 || tokens.empty() || tokens.size() % batch != 0) {
+        throw shape_error(fmt::format("transformer: {} tokens do not make {} sequences of one length", tokens.size(),
+                                      batch));
+    }
+    if (offset + tokens.size() / batch > c.context) {
+        throw shape_error(fmt::format("transformer: positions {}..{} exceed the context of {}", offset,
+                                      offset + tokens.size() / batch - 1, c.context));
+    }
+}
+
+}  // namespace detail
+
+// logits [B, T, V] for `tokens` (B sequences of T, sequence-major), each row predicting the token
+// after its position. With run.memory, the tokens continue the sequences held there.
+template <Scalar T>
+Var<T> transformer_logits(const TransformerVars<T>& p, const TransformerConfig& c, std::span<const std::size_t> tokens,
+                          std::size_t batch, const TransformerRun<T>& run = {}) {
+    const std::size_t offset = run.memory ? run.memory->length : 0;
+    detail::check_tokens(c, tokens, batch, offset);
+    Var<T> X = detail::transformer_input(p, tokens, batch, offset);
+    for (std::size_t l = 0; l < p.blocks.size(); ++l) X = detail::transformer_block(X, p.blocks[l], c, run, l, offset);
+    if (run.memory) run.memory->length += tokens.size() / batch;
+    const Var<T> final_rows = layer_norm(X, p.final_gain, p.final_bias, c.layer_norm).named("ln_f");
+    return matmul(final_rows, transpose(p.E)).named("logits");
+}
+
+// Mean next-token cross-entropy: targets[k] is the token after tokens[k].
+template <Scalar T>
+Var<T> transformer_loss(const TransformerVars<T>& p, const TransformerConfig& c, std::span<const std::size_t> tokens,
+                        std::span<const std::size_t> targets, std::size_t batch, const TransformerRun<T>& run = {}) {
+    return cross_entropy(transformer_logits(p, c, tokens, batch, run), targets);
+}
+
+}  // namespace tapegrad
