@@ -1,8 +1,12 @@
 """The PyTorch cross-check: runs tests/torch/dump_models (tapegrad, double), then recomputes every
-case it wrote with PyTorch's own modules in float64 (torch.nn.MultiheadAttention, nn.Embedding,
-nn.Linear, F.cross_entropy, torch.optim.Adam, ...), never with a transcription of tapegrad's
-formulas, and asserts that forward values, gradients, training losses and trained parameters
-agree to 1e-9 relative.
+case it wrote with PyTorch's own modules in float64 (torch.nn.MultiheadAttention, nn.LayerNorm,
+nn.Linear, nn.Embedding, F.gelu, F.cross_entropy, torch.optim.Adam and AdamW, the lr_scheduler
+classes, clip_grad_norm_), never with a transcription of tapegrad's formulas, and asserts that
+forward values, gradients, training losses and trained parameters agree to 1e-9 relative.
+Cases: multi-head attention (composed and fused kernels, causal with a query offset, padding,
+self- and cross-attention), the retrieval model (both kernels; 20 Adam steps), one transformer
+block (both kernels, GELU tanh and erf), the whole transformer's logits and gradients (both
+kernels), and 20 steps of the char-LM's training (AdamW, warm-up + cosine, clipping).
 
 usage: cross_check.py DUMP_MODELS_BINARY [--fault NAME] [--keep DIR]
 
@@ -30,6 +34,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import warnings
 
 try:
     import numpy as np
@@ -51,6 +56,9 @@ except ImportError as error:  # CTest maps 77 to "skipped"
 TOLERANCE = 1e-9
 
 torch.set_default_dtype(torch.float64)
+# SequentialLR switches schedulers by calling step(0) on the next one, which torch 1.13 itself
+# reports as deprecated; the warning is about torch's internals, not about this script.
+warnings.filterwarnings("ignore", message="The epoch parameter in `scheduler.step\\(\\)`")
 
 
 class Disagreement(Exception):
@@ -65,6 +73,8 @@ class Case:
         self.name = directory.name
         self.meta = json.loads((directory / "meta.json").read_text())
         self.worst = 0.0
+        self.notes = []
+        self.compared = []  # (label, relative difference), for --verbose
 
     def array(self, name):
         return np.load(self.directory / f"{name}.npy")
@@ -87,6 +97,7 @@ class Case:
         difference = float(np.max(np.abs(ours - theirs))) if theirs.size else 0.0
         relative = difference / scale if scale > 0 else difference
         self.worst = max(self.worst, relative)
+        self.compared.append((label, relative))
         if not relative <= TOLERANCE:
             where = np.unravel_index(int(np.argmax(np.abs(ours - theirs))), theirs.shape)
             raise Disagreement(f"{label}: max |tapegrad − torch| / max |torch| = {relative:.3e} > {TOLERANCE:g} "
@@ -230,10 +241,162 @@ def check_retrieval_training(case):
         case.compare(f"final {name}", case.array(f"final_{name}"), final[name])
 
 
+# ---- The transformer (models/transformer.hpp) and the char-LM (examples/charlm.hpp) ------------
+# Built from torch.nn.LayerNorm, torch.nn.MultiheadAttention, torch.nn.Linear, F.gelu (1.13 has
+# approximate='tanh', GPT-2's form, and the exact erf form as 'none'), nn.Embedding, F.linear with
+# the embedding's own weight for the tied output, F.cross_entropy.
+
+BLOCK_PARTS = ("ln1.gain", "ln1.bias", "attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "ln2.gain", "ln2.bias",
+               "mlp.W_1", "mlp.b_1", "mlp.W_2", "mlp.b_2")
+
+
+def layer_norm(gain, bias, epsilon):
+    module = torch.nn.LayerNorm(gain.shape[0], eps=epsilon)
+    with torch.no_grad():
+        module.weight.copy_(gain)
+        module.bias.copy_(bias)
+    return module
+
+
+def linear(W, b):
+    """nn.Linear computing X·W + b for tapegrad's W [in × out] (torch's weight is Wᵀ)."""
+    module = torch.nn.Linear(*W.shape)
+    with torch.no_grad():
+        module.weight.copy_(W.T)
+        module.bias.copy_(b)
+    return module
+
+
+class TorchBlock(torch.nn.Module):
+    """Pre-norm decoder block: X + attn(ln1(X)), then X + W_2ᵀ·gelu(W_1ᵀ·ln2(X) + b_1) + b_2."""
+
+    def __init__(self, p, meta):
+        super().__init__()
+        epsilon = meta["layer_norm_epsilon"]
+        self.ln1 = layer_norm(p["ln1.gain"], p["ln1.bias"], epsilon)
+        self.attn = torch_multihead({k: p[f"attn.{k}"] for k in ("W_Q", "W_K", "W_V", "W_O")}, meta["heads"])
+        self.ln2 = layer_norm(p["ln2.gain"], p["ln2.bias"], epsilon)
+        self.fc = linear(p["mlp.W_1"], p["mlp.b_1"])
+        self.proj = linear(p["mlp.W_2"], p["mlp.b_2"])
+        self.approximate = {"tanh": "tanh", "erf": "none"}[meta["gelu"]]
+
+    def forward(self, X):
+        T = X.shape[1]
+        a = self.ln1(X)
+        X = X + self.attn(a, a, a, attn_mask=causal_attn_mask(T, T, 0), need_weights=False)[0]
+        return X + self.proj(F.gelu(self.fc(self.ln2(X)), approximate=self.approximate))
+
+    def tapegrad_layout(self, get):
+        """{part: get(torch tensor) in tapegrad's layout} (get: e.g. lambda t: t.grad)."""
+        dQ, dK, dV = get(self.attn.in_proj_weight).chunk(3)
+        return {"ln1.gain": get(self.ln1.weight), "ln1.bias": get(self.ln1.bias), "attn.W_Q": dQ.T,
+                "attn.W_K": dK.T, "attn.W_V": dV.T, "attn.W_O": get(self.attn.out_proj.weight).T,
+                "ln2.gain": get(self.ln2.weight), "ln2.bias": get(self.ln2.bias), "mlp.W_1": get(self.fc.weight).T,
+                "mlp.b_1": get(self.fc.bias), "mlp.W_2": get(self.proj.weight).T, "mlp.b_2": get(self.proj.bias)}
+
+
+class TorchCharLm(torch.nn.Module):
+    """Token + learned position embeddings, L blocks, final LayerNorm, logits = ln_f(X)·Eᵀ (tied)."""
+
+    def __init__(self, p, meta):
+        super().__init__()
+        self.tokens = torch.nn.Embedding.from_pretrained(p["E"], freeze=False)
+        self.positions = torch.nn.Embedding.from_pretrained(p["P"], freeze=False)
+        self.blocks = torch.nn.ModuleList(
+            TorchBlock({part: p[f"block{l}.{part}"] for part in BLOCK_PARTS}, meta) for l in range(meta["layers"]))
+        self.ln_f = layer_norm(p["ln_f.gain"], p["ln_f.bias"], meta["layer_norm_epsilon"])
+
+    def forward(self, tokens):
+        X = self.tokens(tokens) + self.positions(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            X = block(X)
+        return F.linear(self.ln_f(X), self.tokens.weight)
+
+    def tapegrad_layout(self, get):
+        out = {"E": get(self.tokens.weight), "P": get(self.positions.weight),
+               "ln_f.gain": get(self.ln_f.weight), "ln_f.bias": get(self.ln_f.bias)}
+        for l, block in enumerate(self.blocks):
+            out.update({f"block{l}.{k}": v for k, v in block.tapegrad_layout(get).items()})
+        return out
+
+
+def check_transformer_block(case):
+    meta = case.meta
+    block = TorchBlock({part: case.tensor(f"block0.{part}") for part in BLOCK_PARTS}, meta)
+    X = case.tensor("X", requires_grad=True)
+    Y = block(X)
+    (Y * case.tensor("G")).sum().backward()
+    case.compare("Y", case.array("Y"), Y)
+    case.compare("dX", case.array("dX"), X.grad)
+    for part, gradient in block.tapegrad_layout(lambda t: t.grad).items():
+        case.compare(f"d block0.{part}", case.array(f"dblock0.{part}"), gradient)
+
+
+def check_transformer_logits(case):
+    meta = case.meta
+    model = TorchCharLm({name: case.tensor(name) for name in meta["parameter_names"]}, meta)
+    logits = model(case.indices("tokens"))
+    (logits * case.tensor("G")).sum().backward()
+    case.compare("logits", case.array("logits"), logits)
+    for name, gradient in model.tapegrad_layout(lambda t: t.grad).items():
+        case.compare(f"d {name}", case.array(f"d{name}"), gradient)
+
+
+def warmup_cosine(optimizer, o):
+    """nanoGPT's schedule from torch's own schedulers: LinearLR from peak/W to peak over the warm-up
+    (factor (s + 1)/W at step s), CosineAnnealingLR from the peak to the floor over S − W steps,
+    then ConstantLR holding the floor."""
+    W, S, floor_ratio = o["warmup"], o["schedule_steps"], o["floor_ratio"]
+    scheduler = torch.optim.lr_scheduler
+    return scheduler.SequentialLR(optimizer, [
+        scheduler.LinearLR(optimizer, start_factor=1 / W, end_factor=1.0, total_iters=W - 1),
+        scheduler.CosineAnnealingLR(optimizer, T_max=S - W, eta_min=o["peak_rate"] * floor_ratio),
+        scheduler.ConstantLR(optimizer, factor=floor_ratio, total_iters=10**9),
+    ], milestones=[W, S])
+
+
+def check_charlm_training(case):
+    meta, o = case.meta, case.meta["optimizer"]
+    model = TorchCharLm({name: case.tensor(f"initial.{name}") for name in meta["parameter_names"]}, meta)
+    parameters = list(model.parameters())
+    # torch.optim.AdamW is models/optimizer.hpp's AdamW (decoupled decay θ·(1 − lr·λ) first, then
+    # Adam's bias-corrected step); decay on matrices and embeddings only, as DecayScope::matrices.
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for p in parameters if p.dim() >= 2], "weight_decay": o["weight_decay"]},
+         {"params": [p for p in parameters if p.dim() < 2], "weight_decay": 0.0}],
+        lr=o["peak_rate"], betas=(o["beta1"], o["beta2"]), eps=o["epsilon"])
+    schedule = warmup_cosine(optimizer, o)
+    losses, norms, rates = [], [], []
+    for step in range(meta["steps"]):
+        optimizer.zero_grad()
+        logits = model(case.indices(f"tokens_{step}"))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), case.indices(f"targets_{step}").reshape(-1))
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(parameters, o["clip_norm"]).item())
+        rates.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+    clipped = sum(n > o["clip_norm"] for n in norms)
+    if not 0 < clipped < len(norms):  # both branches of clipping must be compared
+        raise Disagreement(f"clipping acted in {clipped} of {len(norms)} steps; the case needs both kinds")
+    # The losses and the final parameters first: they are the verdict (and what the negative
+    # controls must trip); the rates and norms then locate a difference.
+    case.compare(f"losses of the {meta['steps']} steps", case.array("losses"), np.array(losses))
+    for name, value in model.tapegrad_layout(lambda t: t.detach()).items():
+        case.compare(f"final {name}", case.array(f"final.{name}"), value)
+    case.compare("learning rates", case.array("learning_rates"), np.array(rates))
+    case.compare("gradient norms before clipping", case.array("gradient_norms"), np.array(norms))
+    case.notes.append(f"clipped in {clipped} of {len(norms)} steps")
+
+
 CHECKS = {
     "multihead": check_multihead,
     "retrieval": check_retrieval,
     "retrieval_training": check_retrieval_training,
+    "transformer_block": check_transformer_block,
+    "transformer_logits": check_transformer_logits,
+    "charlm_training": check_charlm_training,
 }
 
 
@@ -255,6 +418,7 @@ def main():
     parser.add_argument("driver", help="the dump_models binary")
     parser.add_argument("--fault", default="none", help="negative control: the fault the driver injects")
     parser.add_argument("--keep", help="write the dump here and keep it (default: a temporary directory)")
+    parser.add_argument("--verbose", action="store_true", help="print every comparison's relative difference")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, float64, tolerance {TOLERANCE:g} relative")
     with tempfile.TemporaryDirectory() as scratch:
@@ -265,7 +429,10 @@ def main():
     for name, (case, disagreement) in results.items():
         mark = "fault " if case.meta["fault_applied"] else ""
         if disagreement is None:
-            print(f"agree     {mark}{name}: worst relative difference {case.worst:.2e}")
+            notes = "".join(f"; {note}" for note in case.notes)
+            print(f"agree     {mark}{name}: worst relative difference {case.worst:.2e}{notes}")
+            for label, relative in case.compared if args.verbose else []:
+                print(f"            {label}: {relative:.2e}")
         else:
             print(f"DISAGREE  {mark}{name}: {disagreement}")
     if args.fault == "none":

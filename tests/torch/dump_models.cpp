@@ -2,8 +2,12 @@
 // case it runs a model on tapegrad's double tape from seeded inputs and writes, as .npy files in
 // one directory per case, the inputs, the parameters, the forward outputs and the gradients, with
 // a meta.json naming the model and its settings. The Python half recomputes every case with
-// PyTorch's own modules and asserts agreement.
-//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate]
+// PyTorch's own modules and asserts agreement. The cases: multi-head attention (both kernels;
+// causal with a query offset; padding; self- and cross-attention), the retrieval model (both
+// kernels, and 20 Adam steps), one transformer block (both kernels, both GELU forms), the whole
+// transformer's logits (both kernels), and 20 steps of the char-LM's own training step
+// (CharLmTrainer: AdamW, warm-up + cosine, clipping).
+//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]
 // The whole output is written under a temporary name and renamed into place at the end, so
 // OUTPUT_DIR holds either a complete dump or nothing new.
 // --fault is test-only: it perturbs what some cases compute (while their meta.json still states
@@ -12,6 +16,8 @@
 //   drop_mask            attention computed without its causal or padding mask
 //   flip_scale           scores scaled by √dh instead of 1/√dh (W_Q multiplied by dh on the tape)
 //   nudge_learning_rate  training with a learning rate 1e-6 (relative) too high
+//   skip_clipping        char-LM training without gradient clipping
+#include "examples/charlm.hpp"
 #include "examples/retrieval.hpp"
 #include "io/npy.hpp"
 #include "tapegrad.hpp"
@@ -35,12 +41,13 @@ namespace {
 namespace fs = std::filesystem;
 using namespace tapegrad;
 
-enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate };
+enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping };
 
 const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"drop_mask", Fault::drop_mask},
                                                {"flip_scale", Fault::flip_scale},
-                                               {"nudge_learning_rate", Fault::nudge_learning_rate}};
+                                               {"nudge_learning_rate", Fault::nudge_learning_rate},
+                                               {"skip_clipping", Fault::skip_clipping}};
 
 // One case's output: its files (name -> tensor) and the JSON members describing its model.
 struct Dump {
@@ -233,6 +240,173 @@ Dump retrieval_training_case(Fault fault) {
     return dump;
 }
 
+// ---- The transformer (models/transformer.hpp) and the char-LM (examples/charlm.hpp) -----------------
+
+std::string gelu_name(GeluForm form) { return form == GeluForm::tanh ? "\"tanh\"" : "\"erf\""; }
+
+void describe_transformer(Dump& dump, const TransformerConfig& c) {
+    dump.describe("layers", fmt::format("{}", c.layers));
+    dump.describe("width", fmt::format("{}", c.width));
+    dump.describe("heads", fmt::format("{}", c.heads));
+    dump.describe("context", fmt::format("{}", c.context));
+    dump.describe("vocabulary", fmt::format("{}", c.vocabulary));
+    dump.describe("gelu", gelu_name(c.gelu));
+    dump.describe("layer_norm_epsilon", fmt::format("{}", c.layer_norm.epsilon));
+    dump.describe("kernel", kernel_name(c.kernel));
+    dump.describe("parameter_names", fmt::format("[\"{}\"]", fmt::join(parameter_names(c), "\", \"")));
+}
+
+// Parameters drawn away from GPT-2's start (gains 1, biases 0, small matrices), so every term of
+// the block (gain, bias, the MLP's curvature) is exercised at generic values.
+std::vector<Tensor<double>> generic_parameters(const TransformerConfig& c, std::mt19937_64& generator) {
+    std::vector<Tensor<double>> values;
+    for (const Shape& shape : parameter_shapes(c)) {
+        const double spread = shape.rank() == 2 ? std::sqrt(3.0 / static_cast<double>(shape[0])) : 0.5;
+        Tensor<double> t = uniform(shape, spread, generator);
+        values.push_back(std::move(t));
+    }
+    for (const std::size_t gain : {std::size_t{2}, std::size_t{8}}) {  // block 0's ln1 and ln2 gains around 1
+        for (double& x : values[gain].data()) x += 1.0;
+    }
+    return values;
+}
+
+// One pre-norm block on its own: Y = block(X), upstream G, gradients of X and of the block's 12
+// parameters (block 0 of a one-layer model).
+Dump transformer_block_case(AttentionKernel kernel, GeluForm gelu, Fault fault, std::uint64_t seed) {
+    TransformerConfig c{.vocabulary = 5, .context = 6, .width = 8, .heads = 2, .layers = 1};
+    c.gelu = gelu;
+    c.kernel = kernel;
+    std::mt19937_64 generator(seed);
+    const std::vector<Tensor<double>> values = generic_parameters(c, generator);
+    const std::size_t B = 2, T = 6;
+    const Tensor<double> X0 = uniform(Shape{B, T, c.width}, 1.0, generator);
+    const Tensor<double> G = uniform(Shape{B, T, c.width}, 1.0, generator);
+
+    Tape<double> tape;
+    const TransformerVars<double> vars = TransformerVars<double>::record(tape, values, c);
+    const Var<double> X = tape.leaf(X0, "X");
+    Dump dump;
+    BlockVars<double> block = vars.blocks[0];
+    if (fault == Fault::flip_scale) {
+        block.attention.W_Q = scale(block.attention.W_Q, static_cast<double>(c.width / c.heads));
+        dump.fault_applied = true;
+    }
+    const Var<double> Y = detail::transformer_block(X, block, c, TransformerRun<double>{}, 0, 0);
+    tape.backward(Y, G);
+
+    dump.describe("model", "\"transformer_block\"");
+    describe_transformer(dump, c);
+    const std::vector<std::string> names = parameter_names(c);
+    const std::vector<Var<double>> leaves = vars.all();
+    for (std::size_t i = 2; i < 14; ++i) {  // the block's own parameters
+        dump.add(names[i], leaves[i].value());
+        dump.add("d" + names[i], leaves[i].grad());
+    }
+    dump.add("X", X0);
+    dump.add("G", G);
+    dump.add("Y", Y.value());
+    dump.add("dX", X.grad());
+    return dump;
+}
+
+// The whole model: logits for B sequences, upstream G on the logits, every parameter's gradient
+// (the tied E sums its embedding and output branches).
+Dump transformer_logits_case(AttentionKernel kernel, Fault fault, std::uint64_t seed) {
+    TransformerConfig c{.vocabulary = 12, .context = 8, .width = 16, .heads = 2, .layers = 2};
+    c.kernel = kernel;
+    std::mt19937_64 generator(seed);
+    const std::vector<Tensor<double>> values = generic_parameters(c, generator);
+    const std::size_t B = 3, T = 7;  // T < context: positions 0..6 of 8
+    std::vector<std::size_t> tokens(B * T);
+    for (std::size_t& t : tokens) t = detail::draw_below(generator, c.vocabulary);
+    const Tensor<double> G = uniform(Shape{B, T, c.vocabulary}, 1.0, generator);
+
+    Tape<double> tape;
+    TransformerVars<double> vars = TransformerVars<double>::record(tape, values, c);
+    const std::vector<Var<double>> leaves = vars.all();
+    Dump dump;
+    if (fault == Fault::flip_scale) {
+        for (BlockVars<double>& b : vars.blocks) {
+            b.attention.W_Q = scale(b.attention.W_Q, static_cast<double>(c.width / c.heads));
+        }
+        dump.fault_applied = true;
+    }
+    const Var<double> logits = transformer_logits(vars, c, std::span<const std::size_t>(tokens), B);
+    tape.backward(logits, G);
+
+    dump.describe("model", "\"transformer_logits\"");
+    describe_transformer(dump, c);
+    const std::vector<std::string> names = parameter_names(c);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        dump.add(names[i], leaves[i].value());
+        dump.add("d" + names[i], leaves[i].grad());
+    }
+    dump.add("tokens", indices_tensor(tokens, B));
+    dump.add("G", G);
+    dump.add("logits", logits.value());
+    return dump;
+}
+
+// A short text for the char-LM training case (public domain: the opening of Jane Austen's
+// Pride and Prejudice, 1813).
+constexpr std::string_view training_text =
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife.\nHowever little known the feelings or views of such a man may be on his first entering a "
+    "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
+    "considered the rightful property of some one or other of their daughters.\n";
+
+// AdamW training of a small char-LM through CharLmTrainer (the example's own step: batch of the
+// step number, forward, backward, global-norm clipping, the warm-up + cosine rate, AdamW): the
+// schedule is short enough that 20 steps cover the warm-up, the cosine and the floor.
+Dump charlm_training_case(const fs::path& scratch, Fault fault) {
+    constexpr std::size_t steps = 20;
+    // The schedule's S = 15 and W = 5: warm-up to step 5, cosine to step 15, the floor after it.
+    // clip_norm lies between the steps' gradient norms (0.5 to 1.6), so clipping acts in some
+    // steps and not in others (the script requires both).
+    CharLmSettings s{.layers = 2, .width = 16, .heads = 2, .context = 8, .batch = 4, .steps = 15, .warmup = 5,
+                     .peak_rate = 1e-2, .weight_decay = 0.1, .clip_norm = 0.9, .seed = 3};
+    Dump dump;
+    dump.describe("model", "\"charlm_training\"");
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("batch", fmt::format("{}", s.batch));
+    const AdamSettings adam = s.adam();
+    dump.describe("optimizer",
+                  fmt::format("{{\"peak_rate\": {}, \"warmup\": {}, \"schedule_steps\": {}, \"floor_ratio\": {}, "
+                              "\"beta1\": {}, \"beta2\": {}, \"epsilon\": {}, \"weight_decay\": {}, \"clip_norm\": {}}}",
+                              s.peak_rate, s.warmup, s.steps, s.floor_ratio, adam.beta1, adam.beta2, adam.epsilon,
+                              adam.weight_decay, s.clip_norm));
+    if (fault == Fault::nudge_learning_rate) {
+        s.peak_rate *= 1 + 1e-6;
+        dump.fault_applied = true;
+    }
+    if (fault == Fault::skip_clipping) {
+        s.clip_norm = 1e9;
+        dump.fault_applied = true;
+    }
+    const fs::path text_file = scratch / "charlm_text.txt";
+    std::ofstream(text_file) << training_text;
+    const Corpus corpus = load_corpus({text_file});
+    CharLmTrainer trainer(s, corpus);
+    describe_transformer(dump, trainer.config());
+    const std::vector<std::string> names = parameter_names(trainer.config());
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("initial." + names[i], trainer.parameters()[i]);
+    Tensor<double> losses(Shape{steps}), norms(Shape{steps}), rates(Shape{steps});
+    for (std::size_t step = 0; step < steps; ++step) {
+        const CharBatch batch = training_batch(corpus, s, step);  // the batch trainer.step() draws
+        dump.add(fmt::format("tokens_{}", step), indices_tensor(batch.tokens, batch.size));
+        dump.add(fmt::format("targets_{}", step), indices_tensor(batch.targets, batch.size));
+        rates[step] = s.schedule().rate(step);
+        losses[step] = trainer.step();
+        norms[step] = trainer.last_gradient_norm();
+    }
+    dump.add("losses", losses);
+    dump.add("gradient_norms", norms);
+    dump.add("learning_rates", rates);
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], trainer.parameters()[i]);
+    return dump;
+}
+
 // ---- Writing ------------------------------------------------------------------------------------
 
 void write_case(const fs::path& dir, const Dump& dump) {
@@ -246,7 +420,7 @@ void write_case(const fs::path& dir, const Dump& dump) {
     if (!file) throw io_error(fmt::format("dump_models: cannot write '{}'", (dir / "meta.json").string()));
 }
 
-std::vector<std::pair<std::string, Dump>> all_cases(Fault fault) {
+std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fault fault) {
     using K = AttentionKernel;
     const std::vector<MultiHeadCase> multihead{
         // Queries at absolute positions 4..6 over a history of 7 keys (the key-value cache case).
@@ -266,13 +440,20 @@ std::vector<std::pair<std::string, Dump>> all_cases(Fault fault) {
     cases.emplace_back("retrieval_composed", retrieval_case(K::composed, fault));
     cases.emplace_back("retrieval_fused", retrieval_case(K::fused, fault));
     cases.emplace_back("retrieval_training", retrieval_training_case(fault));
+    cases.emplace_back("transformer_block_composed", transformer_block_case(K::composed, GeluForm::tanh, fault, 300));
+    cases.emplace_back("transformer_block_fused", transformer_block_case(K::fused, GeluForm::tanh, fault, 301));
+    cases.emplace_back("transformer_block_gelu_erf", transformer_block_case(K::composed, GeluForm::erf, fault, 302));
+    cases.emplace_back("transformer_logits_composed", transformer_logits_case(K::composed, fault, 310));
+    cases.emplace_back("transformer_logits_fused", transformer_logits_case(K::fused, fault, 311));
+    cases.emplace_back("charlm_training", charlm_training_case(scratch, fault));
     return cases;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate]";
+    const std::string usage =
+        "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]";
     if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--fault")) {
         fmt::print(stderr, "{}\n", usage);
         return 2;
@@ -286,7 +467,8 @@ int main(int argc, char** argv) {
     const fs::path temporary = fs::path(output.string() + fmt::format(".tmp-{}", ::getpid()));
     try {
         fs::remove_all(temporary);
-        for (const auto& [name, dump] : all_cases(fault->second)) write_case(temporary / name, dump);
+        fs::create_directories(temporary);
+        for (const auto& [name, dump] : all_cases(temporary, fault->second)) write_case(temporary / name, dump);
         fs::remove_all(output);
         fs::rename(temporary, output);
         return 0;
