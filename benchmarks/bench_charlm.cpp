@@ -8,6 +8,9 @@
 // (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of both
 // sides are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
 // same computation and a WARNING says so.
+// LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
+// reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
+// several times slower; the libtorch_gemm line reports the rate it gets.
 // The corpus is Debian's `fortunes` text when installed; otherwise a seeded random text over 96
 // characters stands in (the throughput depends on the sizes only, not on the text).
 #include "examples/charlm.hpp"
@@ -165,6 +168,21 @@ int main() {
     std::vector<double> ours_rates, theirs_rates;
 
 #ifdef TAPEGRAD_HAVE_TORCH
+    // LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built
+    // with BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one
+    // GEMM of the MLP's shape shows which, since it dominates LibTorch's step.
+    {
+        const torch::Tensor a = torch::rand({static_cast<long>(tokens_per_step), static_cast<long>(c.width)}, torch::kDouble),
+                            b = torch::rand({static_cast<long>(c.width), static_cast<long>(4 * c.width)}, torch::kDouble);
+        std::vector<double> samples;
+        for (int round = 0; round < 7; ++round) {
+            const double start = thread_seconds();
+            const torch::Tensor product = a.mm(b);
+            samples.push_back(thread_seconds() - start);
+        }
+        fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
+                   2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
+    }
     TorchCharLm theirs(ours.parameters(), c, settings);
     std::size_t their_steps = 0;
     const auto their_step = [&] {
