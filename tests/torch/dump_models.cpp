@@ -8,6 +8,7 @@
 // transformer's logits (both kernels), and 20 steps of the char-LM's own training step
 // (CharLmTrainer: AdamW, warm-up + cosine, clipping).
 //   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]
+//          dump_models OUTPUT_DIR --charlm-default STEPS   (only the example's default char-LM run)
 // The whole output is written under a temporary name and renamed into place at the end, so
 // OUTPUT_DIR holds either a complete dump or nothing new.
 // --fault is test-only: it perturbs what some cases compute (while their meta.json still states
@@ -348,6 +349,45 @@ Dump transformer_logits_case(AttentionKernel kernel, Fault fault, std::uint64_t 
     return dump;
 }
 
+// `steps` steps of CharLmTrainer (the example's own step: the batch of the step number, forward,
+// backward, global-norm clipping, the warm-up + cosine rate, AdamW) from its initial parameters:
+// the settings, the batches ([steps, B, T]), the loss, rate and gradient norm of each step, and
+// the initial and final parameters. `nominal` is what meta.json states; `actual` what runs (they
+// differ only under a fault).
+void dump_charlm_run(Dump& dump, CharLmTrainer& trainer, const Corpus& corpus, const CharLmSettings& nominal,
+                     const CharLmSettings& actual, std::size_t steps) {
+    const AdamSettings adam = nominal.adam();
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("batch", fmt::format("{}", nominal.batch));
+    dump.describe("optimizer",
+                  fmt::format("{{\"peak_rate\": {}, \"warmup\": {}, \"schedule_steps\": {}, \"floor_ratio\": {}, "
+                              "\"beta1\": {}, \"beta2\": {}, \"epsilon\": {}, \"weight_decay\": {}, \"clip_norm\": {}}}",
+                              nominal.peak_rate, nominal.warmup, nominal.steps, nominal.floor_ratio, adam.beta1,
+                              adam.beta2, adam.epsilon, adam.weight_decay, nominal.clip_norm));
+    describe_transformer(dump, trainer.config());
+    const std::vector<std::string> names = parameter_names(trainer.config());
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("initial." + names[i], trainer.parameters()[i]);
+    Tensor<double> losses(Shape{steps}), norms(Shape{steps}), rates(Shape{steps});
+    Tensor<double> tokens(Shape{steps, actual.batch, actual.context}), targets(tokens.shape());
+    const std::size_t per_step = actual.batch * actual.context;
+    for (std::size_t step = 0; step < steps; ++step) {
+        const CharBatch batch = training_batch(corpus, actual, step);  // the batch trainer.step() draws
+        for (std::size_t k = 0; k < per_step; ++k) {
+            tokens[step * per_step + k] = static_cast<double>(batch.tokens[k]);
+            targets[step * per_step + k] = static_cast<double>(batch.targets[k]);
+        }
+        rates[step] = actual.schedule().rate(step);
+        losses[step] = trainer.step();
+        norms[step] = trainer.last_gradient_norm();
+    }
+    dump.add("tokens", tokens);
+    dump.add("targets", targets);
+    dump.add("losses", losses);
+    dump.add("gradient_norms", norms);
+    dump.add("learning_rates", rates);
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], trainer.parameters()[i]);
+}
+
 // A short text for the char-LM training case (public domain: the opening of Jane Austen's
 // Pride and Prejudice, 1813).
 constexpr std::string_view training_text =
@@ -356,54 +396,50 @@ constexpr std::string_view training_text =
     "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
     "considered the rightful property of some one or other of their daughters.\n";
 
-// AdamW training of a small char-LM through CharLmTrainer (the example's own step: batch of the
-// step number, forward, backward, global-norm clipping, the warm-up + cosine rate, AdamW): the
-// schedule is short enough that 20 steps cover the warm-up, the cosine and the floor.
+// 20 steps of a small char-LM, with a schedule short enough that they cover the warm-up, the
+// cosine and the floor.
 Dump charlm_training_case(const fs::path& scratch, Fault fault) {
-    constexpr std::size_t steps = 20;
     // The schedule's S = 15 and W = 5: warm-up to step 5, cosine to step 15, the floor after it.
     // clip_norm lies between the steps' gradient norms (0.5 to 1.6), so clipping acts in some
     // steps and not in others (the script requires both).
-    CharLmSettings s{.layers = 2, .width = 16, .heads = 2, .context = 8, .batch = 4, .steps = 15, .warmup = 5,
-                     .peak_rate = 1e-2, .weight_decay = 0.1, .clip_norm = 0.9, .seed = 3};
+    const CharLmSettings nominal{.layers = 2, .width = 16, .heads = 2, .context = 8, .batch = 4, .steps = 15,
+                                 .warmup = 5, .peak_rate = 1e-2, .weight_decay = 0.1, .clip_norm = 0.9, .seed = 3};
+    CharLmSettings actual = nominal;
     Dump dump;
     dump.describe("model", "\"charlm_training\"");
-    dump.describe("steps", fmt::format("{}", steps));
-    dump.describe("batch", fmt::format("{}", s.batch));
-    const AdamSettings adam = s.adam();
-    dump.describe("optimizer",
-                  fmt::format("{{\"peak_rate\": {}, \"warmup\": {}, \"schedule_steps\": {}, \"floor_ratio\": {}, "
-                              "\"beta1\": {}, \"beta2\": {}, \"epsilon\": {}, \"weight_decay\": {}, \"clip_norm\": {}}}",
-                              s.peak_rate, s.warmup, s.steps, s.floor_ratio, adam.beta1, adam.beta2, adam.epsilon,
-                              adam.weight_decay, s.clip_norm));
     if (fault == Fault::nudge_learning_rate) {
-        s.peak_rate *= 1 + 1e-6;
+        actual.peak_rate *= 1 + 1e-6;
         dump.fault_applied = true;
     }
     if (fault == Fault::skip_clipping) {
-        s.clip_norm = 1e9;
+        actual.clip_norm = 1e9;
         dump.fault_applied = true;
     }
     const fs::path text_file = scratch / "charlm_text.txt";
     std::ofstream(text_file) << training_text;
     const Corpus corpus = load_corpus({text_file});
-    CharLmTrainer trainer(s, corpus);
-    describe_transformer(dump, trainer.config());
-    const std::vector<std::string> names = parameter_names(trainer.config());
-    for (std::size_t i = 0; i < names.size(); ++i) dump.add("initial." + names[i], trainer.parameters()[i]);
-    Tensor<double> losses(Shape{steps}), norms(Shape{steps}), rates(Shape{steps});
-    for (std::size_t step = 0; step < steps; ++step) {
-        const CharBatch batch = training_batch(corpus, s, step);  // the batch trainer.step() draws
-        dump.add(fmt::format("tokens_{}", step), indices_tensor(batch.tokens, batch.size));
-        dump.add(fmt::format("targets_{}", step), indices_tensor(batch.targets, batch.size));
-        rates[step] = s.schedule().rate(step);
-        losses[step] = trainer.step();
-        norms[step] = trainer.last_gradient_norm();
-    }
-    dump.add("losses", losses);
-    dump.add("gradient_norms", norms);
-    dump.add("learning_rates", rates);
-    for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], trainer.parameters()[i]);
+    CharLmTrainer trainer(actual, corpus);
+    dump_charlm_run(dump, trainer, corpus, nominal, actual, 20);
+    return dump;
+}
+
+// The example's default model and schedule on the fortunes corpus, trained for `steps` steps (not
+// part of CTest: minutes of training on each side), with the validation windows and tapegrad's
+// mean validation loss over all of them, for the comparison of validation bits per character.
+Dump charlm_default_case(std::size_t steps) {
+    const CharLmSettings settings{};
+    const Corpus corpus = load_corpus(default_corpus_files());
+    CharLmTrainer trainer(settings, corpus);
+    Dump dump;
+    dump.describe("model", "\"charlm_default\"");
+    dump_charlm_run(dump, trainer, corpus, settings, settings, steps);
+    const std::size_t T = settings.context, windows = (corpus.validation.size() - 1) / T;
+    std::vector<std::size_t> starts(windows);
+    for (std::size_t w = 0; w < windows; ++w) starts[w] = w * T;  // validation_loss()'s windows, all of them
+    const CharBatch validation = windows_at(corpus.validation, starts, T);
+    dump.add("validation_tokens", indices_tensor(validation.tokens, windows));
+    dump.add("validation_targets", indices_tensor(validation.targets, windows));
+    dump.add("validation_loss", Tensor<double>::scalar(trainer.validation_loss()));
     return dump;
 }
 
@@ -452,13 +488,14 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
 }  // namespace
 
 int main(int argc, char** argv) {
-    const std::string usage =
-        "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]";
-    if (argc != 2 && !(argc == 4 && std::string(argv[2]) == "--fault")) {
+    const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|"
+                              "skip_clipping]\n       dump_models OUTPUT_DIR --charlm-default STEPS";
+    const std::string option = argc == 4 ? argv[2] : "";
+    if (argc != 2 && !(argc == 4 && (option == "--fault" || option == "--charlm-default"))) {
         fmt::print(stderr, "{}\n", usage);
         return 2;
     }
-    const auto fault = argc == 4 ? fault_names.find(argv[3]) : fault_names.find("none");
+    const auto fault = option == "--fault" ? fault_names.find(argv[3]) : fault_names.find("none");
     if (fault == fault_names.end()) {
         fmt::print(stderr, "dump_models: unknown fault '{}'\n{}\n", argv[3], usage);
         return 2;
@@ -468,7 +505,11 @@ int main(int argc, char** argv) {
     try {
         fs::remove_all(temporary);
         fs::create_directories(temporary);
-        for (const auto& [name, dump] : all_cases(temporary, fault->second)) write_case(temporary / name, dump);
+        if (option == "--charlm-default") {
+            write_case(temporary / "charlm_default", charlm_default_case(std::stoul(argv[3])));
+        } else {
+            for (const auto& [name, dump] : all_cases(temporary, fault->second)) write_case(temporary / name, dump);
+        }
         fs::remove_all(output);
         fs::rename(temporary, output);
         return 0;
