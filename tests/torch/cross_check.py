@@ -57,6 +57,7 @@ except ImportError as error:  # CTest maps 77 to "skipped"
 TOLERANCE = 1e-9
 
 torch.set_default_dtype(torch.float64)
+torch.set_num_threads(1)  # one thread, as the C++ side: the machine is shared, and results do not depend on it
 # SequentialLR switches schedulers by calling step(0) on the next one, which torch 1.13 itself
 # reports as deprecated; the warning is about torch's internals, not about this script.
 warnings.filterwarnings("ignore", message="The epoch parameter in `scheduler.step\\(\\)`")
