@@ -9,4 +9,4 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
   g++ cmake make libboost-dev libboost-test-dev libboost-program-options-dev libfmt-dev libeigen3-dev \
-  libboost-mpi-dev openmpi-bin >/dev/null
+  libboost-mpi-dev openmpi-bin python3-torch python3-numpy >/dev/null

@@ -1,0 +1,228 @@
+// bench_charlm: training throughput (tokens per second, one thread, double) of the character-level
+// language model of examples/charlm.hpp at the example's default size, tapegrad against the same
+// model written in LibTorch C++ (the engines compared, not Python): each side runs complete
+// training steps (forward, backward, global-norm clipping, AdamW with the warm-up + cosine rate)
+// from the same initial parameters on the same batches. The two alternate, round by round, on this
+// thread's CPU clock; the lines give the median and the best round:
+//   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… statistic=median|best
+// (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of both
+// sides are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
+// same computation and a WARNING says so.
+// LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
+// reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
+// several times slower; the libtorch_gemm line reports the rate it gets.
+// The corpus is Debian's `fortunes` text when installed; otherwise a seeded random text over 96
+// characters stands in (the throughput depends on the sizes only, not on the text).
+#include "examples/charlm.hpp"
+#include "tapegrad.hpp"
+#include "timing.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#ifdef TAPEGRAD_HAVE_TORCH
+#include <torch/torch.h>
+#endif
+
+using namespace tapegrad;
+
+namespace {
+
+using timing::median;
+using timing::thread_seconds;
+
+Corpus benchmark_corpus() {
+    const std::vector<std::filesystem::path> files = default_corpus_files();
+    if (std::all_of(files.begin(), files.end(), [](const auto& f) { return std::filesystem::exists(f); })) {
+        return load_corpus(files);
+    }
+    fmt::print("note: the fortunes corpus is not installed; a random text stands in\n");
+    Corpus corpus;
+    for (char c = ' '; c <= '~'; ++c) corpus.alphabet += c;
+    corpus.alphabet += '\n';
+    std::sort(corpus.alphabet.begin(), corpus.alphabet.end());
+    std::mt19937_64 generator(5);
+    for (std::size_t k = 0; k < 200'000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
+    corpus.validation = corpus.train;
+    return corpus;
+}
+
+#ifdef TAPEGRAD_HAVE_TORCH
+torch::Tensor to_torch(const Tensor<double>& t) {
+    std::vector<long> sizes;
+    for (std::size_t axis = 0; axis < t.rank(); ++axis) sizes.push_back(static_cast<long>(t.shape()[axis]));
+    return torch::from_blob(const_cast<double*>(t.data().data()), sizes, torch::kDouble).clone();
+}
+
+torch::Tensor token_tensor(const std::vector<std::size_t>& tokens, std::size_t B) {
+    std::vector<long> values(tokens.begin(), tokens.end());
+    return torch::tensor(values, torch::kLong).view({static_cast<long>(B), -1});
+}
+
+// The model of models/transformer.hpp in LibTorch: the same parameters in the same layout (rows
+// projected as X·W), pre-norm blocks, causal multi-head attention scaled by 1/√dh, GELU (tanh),
+// tied output projection, mean cross-entropy. AdamW (decay on matrices only, as DecayScope::
+// matrices) and clip_grad_norm_ are LibTorch's own.
+class TorchCharLm {
+public:
+    TorchCharLm(const std::vector<Tensor<double>>& initial, const TransformerConfig& c, const CharLmSettings& s)
+        : config_(c), settings_(s), optimizer_(make_parameters(initial), adamw_options(s)) {}
+
+    double step(const CharBatch& batch, double rate) {
+        optimizer_.zero_grad();
+        const torch::Tensor loss = forward(batch);
+        loss.backward();
+        torch::nn::utils::clip_grad_norm_(parameters_, settings_.clip_norm);
+        for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(rate);
+        optimizer_.step();
+        return loss.item<double>();
+    }
+
+private:
+    std::vector<torch::optim::OptimizerParamGroup> make_parameters(const std::vector<Tensor<double>>& initial) {
+        std::vector<torch::Tensor> matrices, vectors;
+        for (const Tensor<double>& t : initial) {
+            parameters_.push_back(to_torch(t).requires_grad_(true));
+            (t.rank() >= 2 ? matrices : vectors).push_back(parameters_.back());
+        }
+        std::vector<torch::optim::OptimizerParamGroup> groups;
+        groups.emplace_back(matrices);
+        groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(adamw_options(settings_).weight_decay(0)));
+        return groups;
+    }
+
+    static torch::optim::AdamWOptions adamw_options(const CharLmSettings& s) {
+        const AdamSettings a = s.adam();
+        return torch::optim::AdamWOptions(a.learning_rate)
+            .betas({a.beta1, a.beta2})
+            .eps(a.epsilon)
+            .weight_decay(a.weight_decay);
+    }
+
+    torch::Tensor layer_norm(const torch::Tensor& X, std::size_t gain) const {
+        return torch::layer_norm(X, {static_cast<long>(config_.width)}, parameters_[gain], parameters_[gain + 1],
+                                 config_.layer_norm.epsilon);
+    }
+
+    torch::Tensor attention(const torch::Tensor& a, std::size_t first) const {
+        const long B = a.size(0), T = a.size(1), H = static_cast<long>(config_.heads), dh = a.size(2) / H;
+        const auto heads = [&](const torch::Tensor& W) { return a.matmul(W).view({B, T, H, dh}).transpose(1, 2); };
+        const torch::Tensor Q = heads(parameters_[first]), K = heads(parameters_[first + 1]),
+                            V = heads(parameters_[first + 2]);
+        const torch::Tensor hidden = torch::ones({T, T}, torch::kBool).triu(1);  // key after query
+        const torch::Tensor S = Q.matmul(K.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
+        const torch::Tensor A = torch::softmax(S.masked_fill(hidden, -std::numeric_limits<double>::infinity()), -1);
+        return A.matmul(V).transpose(1, 2).reshape({B, T, H * dh}).matmul(parameters_[first + 3]);
+    }
+
+    torch::Tensor forward(const CharBatch& batch) const {
+        const torch::Tensor tokens = token_tensor(batch.tokens, batch.size);
+        const long T = tokens.size(1);
+        const torch::Tensor& E = parameters_[0];
+        torch::Tensor X = E.index_select(0, tokens.flatten()).view({tokens.size(0), T, -1}) +
+                          parameters_[1].slice(0, 0, T);
+        for (std::size_t l = 0; l < config_.layers; ++l) {
+            const std::size_t b = 2 + 12 * l;  // ln1 gain, bias, W_Q, W_K, W_V, W_O, ln2 gain, bias, W_1, b_1, W_2, b_2
+            X = X + attention(layer_norm(X, b), b + 2);
+            const torch::Tensor hidden =
+                torch::gelu(layer_norm(X, b + 6).matmul(parameters_[b + 8]) + parameters_[b + 9], "tanh");
+            X = X + hidden.matmul(parameters_[b + 10]) + parameters_[b + 11];
+        }
+        const torch::Tensor logits = layer_norm(X, parameters_.size() - 2).matmul(E.t());
+        return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
+                                                    token_tensor(batch.targets, batch.size).flatten());
+    }
+
+    TransformerConfig config_;
+    CharLmSettings settings_;
+    std::vector<torch::Tensor> parameters_;
+    torch::optim::AdamW optimizer_;
+};
+#endif
+
+}  // namespace
+
+int main() {
+    set_threads(1);
+#ifdef TAPEGRAD_HAVE_TORCH
+    torch::set_num_threads(1);
+#endif
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
+    fmt::print("environment OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} eigen_simd={}\n", coretype ? coretype : "unset",
+               blas_threads ? blas_threads : "unset", Eigen::SimdInstructionSetsInUse());
+
+    const CharLmSettings settings{};  // the example's defaults
+    const Corpus corpus = benchmark_corpus();
+    CharLmTrainer ours(settings, corpus);
+    const TransformerConfig& c = ours.config();
+    const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
+    constexpr std::size_t rounds = 15, steps_per_round = 2, checked_steps = 3;
+    std::vector<double> ours_rates, theirs_rates;
+
+#ifdef TAPEGRAD_HAVE_TORCH
+    // LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built
+    // with BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one
+    // GEMM of the MLP's shape shows which, since it dominates LibTorch's step.
+    {
+        const torch::Tensor a = torch::rand({static_cast<long>(tokens_per_step), static_cast<long>(c.width)}, torch::kDouble),
+                            b = torch::rand({static_cast<long>(c.width), static_cast<long>(4 * c.width)}, torch::kDouble);
+        std::vector<double> samples;
+        for (int round = 0; round < 7; ++round) {
+            const double start = thread_seconds();
+            const torch::Tensor product = a.mm(b);
+            samples.push_back(thread_seconds() - start);
+        }
+        fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
+                   2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
+    }
+    TorchCharLm theirs(ours.parameters(), c, settings);
+    std::size_t their_steps = 0;
+    const auto their_step = [&] {
+        const double loss = theirs.step(training_batch(corpus, settings, their_steps), settings.schedule().rate(their_steps));
+        ++their_steps;
+        return loss;
+    };
+    // Same computation first: the losses of the first steps must agree (both from one start).
+    double worst = 0;
+    for (std::size_t s = 0; s < checked_steps; ++s) {
+        const double a = ours.step(), b = their_step();
+        worst = std::max(worst, std::abs(a - b) / std::abs(b));
+    }
+    if (!(worst <= 1e-9)) fmt::print("WARNING: the first losses differ from LibTorch's by {:.3g} (relative)\n", worst);
+    fmt::print("agreement first_{}_losses_max_relative_difference={:.2e}\n", checked_steps, worst);
+#endif
+    for (std::size_t round = 0; round < rounds; ++round) {
+        double start = thread_seconds();
+        for (std::size_t s = 0; s < steps_per_round; ++s) ours.step();
+        ours_rates.push_back(tokens_per_step * steps_per_round / (thread_seconds() - start));
+#ifdef TAPEGRAD_HAVE_TORCH
+        start = thread_seconds();
+        for (std::size_t s = 0; s < steps_per_round; ++s) their_step();
+        theirs_rates.push_back(tokens_per_step * steps_per_round / (thread_seconds() - start));
+#endif
+    }
+    const auto line = [&](const char* statistic, double ours_rate, double theirs_rate) {
+        if (theirs_rates.empty()) {
+            fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} libtorch_tokens_per_s=NA ratio=NA statistic={}\n",
+                       c.layers, c.width, settings.context, ours_rate, statistic);
+        } else {
+            fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} libtorch_tokens_per_s={:.0f} ratio={:.3f} "
+                       "statistic={}\n",
+                       c.layers, c.width, settings.context, ours_rate, theirs_rate, ours_rate / theirs_rate, statistic);
+        }
+    };
+    const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+    line("median", median(ours_rates), theirs_rates.empty() ? 0.0 : median(theirs_rates));
+    line("best", best(ours_rates), best(theirs_rates));
+    fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
+               steps_per_round, rounds);
+    return 0;
+}

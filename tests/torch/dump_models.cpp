@@ -1,0 +1,522 @@
+// dump_models: the C++ half of the PyTorch cross-check (tests/torch/cross_check.py). For each
+// case it runs a model on tapegrad's double tape from seeded inputs and writes, as .npy files in
+// one directory per case, the inputs, the parameters, the forward outputs and the gradients, with
+// a meta.json naming the model and its settings. The Python half recomputes every case with
+// PyTorch's own modules and asserts agreement. The cases: multi-head attention (both kernels;
+// causal with a query offset; padding; self- and cross-attention), the retrieval model (both
+// kernels, and 20 Adam steps), one transformer block (both kernels, both GELU forms), the whole
+// transformer's logits (both kernels), and 20 steps of the char-LM's own training step
+// (CharLmTrainer: AdamW, warm-up + cosine, clipping).
+//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]
+//          dump_models OUTPUT_DIR --charlm-default STEPS   (only the example's default char-LM run)
+// The whole output is written under a temporary name and renamed into place at the end, so
+// OUTPUT_DIR holds either a complete dump or nothing new.
+// --fault is test-only: it perturbs what some cases compute (while their meta.json still states
+// the unperturbed model) and marks those cases "fault_applied", so the cross-check's negative
+// control can assert that exactly those cases are rejected:
+//   drop_mask            attention computed without its causal or padding mask
+//   flip_scale           scores scaled by √dh instead of 1/√dh (W_Q multiplied by dh on the tape)
+//   nudge_learning_rate  training with a learning rate 1e-6 (relative) too high
+//   skip_clipping        char-LM training without gradient clipping
+#include "examples/charlm.hpp"
+#include "examples/retrieval.hpp"
+#include "io/npy.hpp"
+#include "tapegrad.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace tapegrad;
+
+enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping };
+
+const std::map<std::string, Fault> fault_names{{"none", Fault::none},
+                                               {"drop_mask", Fault::drop_mask},
+                                               {"flip_scale", Fault::flip_scale},
+                                               {"nudge_learning_rate", Fault::nudge_learning_rate},
+                                               {"skip_clipping", Fault::skip_clipping}};
+
+// One case's output: its files (name -> tensor) and the JSON members describing its model.
+struct Dump {
+    std::vector<std::pair<std::string, Tensor<double>>> files;
+    std::vector<std::string> meta;  // `"key": value` members of meta.json
+    bool fault_applied = false;
+
+    void add(std::string name, Tensor<double> tensor) { files.emplace_back(std::move(name), std::move(tensor)); }
+    void describe(std::string_view key, std::string_view json_value) {
+        meta.push_back(fmt::format("\"{}\": {}", key, json_value));
+    }
+};
+
+Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator) {
+    Tensor<double> t(shape);
+    for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+    return t;
+}
+
+// Integer lists travel as float64 arrays (exact below 2^53), shaped [rows, n / rows].
+Tensor<double> indices_tensor(std::span<const std::size_t> indices, std::size_t rows) {
+    Tensor<double> t(rows == 1 ? Shape{indices.size()} : Shape{rows, indices.size() / rows});
+    for (std::size_t k = 0; k < indices.size(); ++k) t[k] = static_cast<double>(indices[k]);
+    return t;
+}
+
+std::string kernel_name(AttentionKernel kernel) { return kernel == AttentionKernel::fused ? "\"fused\"" : "\"composed\""; }
+
+// ---- Multi-head attention ---------------------------------------------------------------------
+
+struct MultiHeadCase {
+    std::string name;
+    std::size_t B, Tq, Tk, D, heads;
+    bool self_attention;  // X_q and X_kv are one leaf (then Tq = Tk and the offset is 0)
+    bool causal;
+    std::size_t query_offset;
+    std::vector<std::size_t> lengths;  // empty: no padding
+    AttentionKernel kernel;
+};
+
+Dump multihead_case(const MultiHeadCase& c, Fault fault, std::uint64_t seed) {
+    std::mt19937_64 generator(seed);
+    const double projection = std::sqrt(3.0 / static_cast<double>(c.D));
+    const Tensor<double> X_kv = uniform(Shape{c.B, c.Tk, c.D}, 1.0, generator);
+    const Tensor<double> X_q = c.self_attention ? X_kv : uniform(Shape{c.B, c.Tq, c.D}, 1.0, generator);
+    const Tensor<double> W_Q = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_K = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_V = uniform(Shape{c.D, c.D}, projection, generator),
+                         W_O = uniform(Shape{c.D, c.D}, projection, generator);
+    const Tensor<double> G = uniform(Shape{c.B, c.Tq, c.D}, 1.0, generator);  // upstream dJ/dY
+
+    Tape<double> tape;
+    const Var<double> Xkv = tape.leaf(X_kv, "X_kv");
+    const Var<double> Xq = c.self_attention ? Xkv : tape.leaf(X_q, "X_q");
+    const MultiHeadWeights<double> w{tape.leaf(W_Q, "W_Q"), tape.leaf(W_K, "W_K"), tape.leaf(W_V, "W_V"),
+                                     tape.leaf(W_O, "W_O")};
+    MultiHeadOptions options{.heads = c.heads, .causal = c.causal, .query_offset = c.query_offset,
+                             .lengths = c.lengths, .dropout = std::nullopt, .kernel = c.kernel};
+    Dump dump;
+    MultiHeadWeights<double> used = w;
+    if (fault == Fault::drop_mask && (c.causal || !c.lengths.empty())) {
+        options.causal = false;
+        options.lengths.clear();
+        dump.fault_applied = true;
+    }
+    if (fault == Fault::flip_scale) {
+        used.W_Q = scale(w.W_Q, static_cast<double>(c.D / c.heads));  // Q·Kᵀ·dh/√dh = Q·Kᵀ·√dh
+        dump.fault_applied = true;
+    }
+    const MultiHeadResult<double> r = multihead_attention(Xq, Xkv, used, options);
+    tape.backward(r.Y, G);
+
+    dump.describe("model", "\"multihead\"");
+    dump.describe("heads", fmt::format("{}", c.heads));
+    dump.describe("self_attention", c.self_attention ? "true" : "false");
+    dump.describe("causal", c.causal ? "true" : "false");
+    dump.describe("query_offset", fmt::format("{}", c.query_offset));
+    dump.describe("lengths", fmt::format("[{}]", fmt::join(c.lengths, ", ")));
+    dump.describe("kernel", kernel_name(c.kernel));
+    if (c.self_attention) {
+        dump.add("X", X_kv);
+        dump.add("dX", Xkv.grad());
+    } else {
+        dump.add("X_q", X_q);
+        dump.add("X_kv", X_kv);
+        dump.add("dX_q", Xq.grad());
+        dump.add("dX_kv", Xkv.grad());
+    }
+    for (const auto& [name, W] : {std::pair{"W_Q", w.W_Q}, std::pair{"W_K", w.W_K}, std::pair{"W_V", w.W_V},
+                                  std::pair{"W_O", w.W_O}}) {
+        dump.add(name, W.value());
+        dump.add(fmt::format("d{}", name), W.grad());
+    }
+    dump.add("G", G);
+    dump.add("Y", r.Y.value());
+    if (c.kernel == AttentionKernel::composed) dump.add("A", r.A.value());
+    return dump;
+}
+
+// ---- The retrieval model (examples/retrieval.hpp) ------------------------------------------------
+
+// Small enough to keep the dump quick, large enough for two heads and several stored pairs.
+RetrievalConfig small_retrieval(AttentionKernel kernel) {
+    return RetrievalConfig{.keys = 8, .values = 6, .pairs = 5, .width = 8, .heads = 2, .seed = 7, .kernel = kernel};
+}
+
+void describe_retrieval(Dump& dump, const RetrievalConfig& config) {
+    dump.describe("heads", fmt::format("{}", config.heads));
+    dump.describe("keys", fmt::format("{}", config.keys));
+    dump.describe("values", fmt::format("{}", config.values));
+    dump.describe("kernel", kernel_name(config.kernel));
+}
+
+void add_batch(Dump& dump, const RetrievalBatch& batch, std::string_view suffix = "") {
+    dump.add(fmt::format("key_tokens{}", suffix), indices_tensor(batch.key_tokens, batch.size));
+    dump.add(fmt::format("value_tokens{}", suffix), indices_tensor(batch.value_tokens, batch.size));
+    dump.add(fmt::format("targets{}", suffix), indices_tensor(batch.targets, 1));
+}
+
+constexpr std::array<std::string_view, 7> retrieval_names{"E", "P", "W_Q", "W_K", "W_V", "W_O", "W_U"};
+
+Dump retrieval_case(AttentionKernel kernel, Fault fault) {
+    const RetrievalConfig config = small_retrieval(kernel);
+    RetrievalParameters parameters = RetrievalParameters::initial(config);
+    std::mt19937_64 data(41);
+    const RetrievalBatch batch = make_retrieval_batch(config, 4, data);
+
+    Tape<double> tape;
+    RetrievalVars<double> vars{tape.leaf(parameters.E, "E"),     tape.leaf(parameters.P, "P"),
+                               tape.leaf(parameters.W_Q, "W_Q"), tape.leaf(parameters.W_K, "W_K"),
+                               tape.leaf(parameters.W_V, "W_V"), tape.leaf(parameters.W_O, "W_O"),
+                               tape.leaf(parameters.W_U, "W_U")};
+    const std::array<Var<double>, 7> leaves{vars.E, vars.P, vars.W_Q, vars.W_K, vars.W_V, vars.W_O, vars.W_U};
+    Dump dump;
+    if (fault == Fault::flip_scale) {
+        vars.W_Q = scale(vars.W_Q, static_cast<double>(config.width / config.heads));
+        dump.fault_applied = true;
+    }
+    // The causal mask cannot matter here: the loss reads only the last position, which sees
+    // every key either way. drop_mask leaves this case alone.
+    const Var<double> logits = retrieval_logits(vars, batch, config.heads, config.kernel);
+    const Var<double> J = cross_entropy(logits, std::span<const std::size_t>(batch.targets));
+    tape.backward(J);
+
+    dump.describe("model", "\"retrieval\"");
+    describe_retrieval(dump, config);
+    add_batch(dump, batch);
+    for (std::size_t i = 0; i < leaves.size(); ++i) {
+        dump.add(std::string(retrieval_names[i]), leaves[i].value());
+        dump.add(fmt::format("d{}", retrieval_names[i]), leaves[i].grad());
+    }
+    dump.add("logits", logits.value());
+    dump.add("loss", J.value());
+    return dump;
+}
+
+// Adam training of the retrieval model: the batches, the loss before each step, the initial and
+// the final parameters.
+Dump retrieval_training_case(Fault fault) {
+    constexpr std::size_t steps = 20, batch_size = 8;
+    const RetrievalConfig config = small_retrieval(AttentionKernel::composed);
+    AdamSettings settings{.learning_rate = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .epsilon = 1e-8};
+    Dump dump;
+    dump.describe("model", "\"retrieval_training\"");
+    describe_retrieval(dump, config);
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("adam", fmt::format("{{\"learning_rate\": {}, \"beta1\": {}, \"beta2\": {}, \"epsilon\": {}}}",
+                                      settings.learning_rate, settings.beta1, settings.beta2, settings.epsilon));
+    if (fault == Fault::nudge_learning_rate) {
+        settings.learning_rate *= 1 + 1e-6;
+        dump.fault_applied = true;
+    }
+    RetrievalTrainer trainer(config, settings);
+    RetrievalParameters initial = trainer.parameters();
+    for (std::size_t i = 0; i < retrieval_names.size(); ++i) {
+        dump.add(fmt::format("initial_{}", retrieval_names[i]), *initial.all()[i]);
+    }
+    std::mt19937_64 data(2026);
+    Tensor<double> losses(Shape{steps});
+    for (std::size_t step = 0; step < steps; ++step) {
+        const RetrievalBatch batch = make_retrieval_batch(config, batch_size, data);
+        add_batch(dump, batch, fmt::format("_{}", step));
+        losses[step] = trainer.step(batch);
+    }
+    dump.add("losses", losses);
+    RetrievalParameters final_parameters = trainer.parameters();
+    for (std::size_t i = 0; i < retrieval_names.size(); ++i) {
+        dump.add(fmt::format("final_{}", retrieval_names[i]), *final_parameters.all()[i]);
+    }
+    return dump;
+}
+
+// ---- The transformer (models/transformer.hpp) and the char-LM (examples/charlm.hpp) -----------------
+
+std::string gelu_name(GeluForm form) { return form == GeluForm::tanh ? "\"tanh\"" : "\"erf\""; }
+
+void describe_transformer(Dump& dump, const TransformerConfig& c) {
+    dump.describe("layers", fmt::format("{}", c.layers));
+    dump.describe("width", fmt::format("{}", c.width));
+    dump.describe("heads", fmt::format("{}", c.heads));
+    dump.describe("context", fmt::format("{}", c.context));
+    dump.describe("vocabulary", fmt::format("{}", c.vocabulary));
+    dump.describe("gelu", gelu_name(c.gelu));
+    dump.describe("layer_norm_epsilon", fmt::format("{}", c.layer_norm.epsilon));
+    dump.describe("kernel", kernel_name(c.kernel));
+    dump.describe("parameter_names", fmt::format("[\"{}\"]", fmt::join(parameter_names(c), "\", \"")));
+}
+
+// Parameters drawn away from GPT-2's start (gains 1, biases 0, small matrices), so every term of
+// the block (gain, bias, the MLP's curvature) is exercised at generic values.
+std::vector<Tensor<double>> generic_parameters(const TransformerConfig& c, std::mt19937_64& generator) {
+    std::vector<Tensor<double>> values;
+    for (const Shape& shape : parameter_shapes(c)) {
+        const double spread = shape.rank() == 2 ? std::sqrt(3.0 / static_cast<double>(shape[0])) : 0.5;
+        Tensor<double> t = uniform(shape, spread, generator);
+        values.push_back(std::move(t));
+    }
+    for (const std::size_t gain : {std::size_t{2}, std::size_t{8}}) {  // block 0's ln1 and ln2 gains around 1
+        for (double& x : values[gain].data()) x += 1.0;
+    }
+    return values;
+}
+
+// One pre-norm block on its own: Y = block(X), upstream G, gradients of X and of the block's 12
+// parameters (block 0 of a one-layer model).
+Dump transformer_block_case(AttentionKernel kernel, GeluForm gelu, Fault fault, std::uint64_t seed) {
+    TransformerConfig c{.vocabulary = 5, .context = 6, .width = 8, .heads = 2, .layers = 1};
+    c.gelu = gelu;
+    c.kernel = kernel;
+    std::mt19937_64 generator(seed);
+    const std::vector<Tensor<double>> values = generic_parameters(c, generator);
+    const std::size_t B = 2, T = 6;
+    const Tensor<double> X0 = uniform(Shape{B, T, c.width}, 1.0, generator);
+    const Tensor<double> G = uniform(Shape{B, T, c.width}, 1.0, generator);
+
+    Tape<double> tape;
+    const TransformerVars<double> vars = TransformerVars<double>::record(tape, values, c);
+    const Var<double> X = tape.leaf(X0, "X");
+    Dump dump;
+    BlockVars<double> block = vars.blocks[0];
+    if (fault == Fault::flip_scale) {
+        block.attention.W_Q = scale(block.attention.W_Q, static_cast<double>(c.width / c.heads));
+        dump.fault_applied = true;
+    }
+    const Var<double> Y = detail::transformer_block(X, block, c, TransformerRun<double>{}, 0, 0);
+    tape.backward(Y, G);
+
+    dump.describe("model", "\"transformer_block\"");
+    describe_transformer(dump, c);
+    const std::vector<std::string> names = parameter_names(c);
+    const std::vector<Var<double>> leaves = vars.all();
+    for (std::size_t i = 2; i < 14; ++i) {  // the block's own parameters
+        dump.add(names[i], leaves[i].value());
+        dump.add("d" + names[i], leaves[i].grad());
+    }
+    dump.add("X", X0);
+    dump.add("G", G);
+    dump.add("Y", Y.value());
+    dump.add("dX", X.grad());
+    return dump;
+}
+
+// The whole model: logits for B sequences, upstream G on the logits, every parameter's gradient
+// (the tied E sums its embedding and output branches).
+Dump transformer_logits_case(AttentionKernel kernel, Fault fault, std::uint64_t seed) {
+    TransformerConfig c{.vocabulary = 12, .context = 8, .width = 16, .heads = 2, .layers = 2};
+    c.kernel = kernel;
+    std::mt19937_64 generator(seed);
+    const std::vector<Tensor<double>> values = generic_parameters(c, generator);
+    const std::size_t B = 3, T = 7;  // T < context: positions 0..6 of 8
+    std::vector<std::size_t> tokens(B * T);
+    for (std::size_t& t : tokens) t = detail::draw_below(generator, c.vocabulary);
+    const Tensor<double> G = uniform(Shape{B, T, c.vocabulary}, 1.0, generator);
+
+    Tape<double> tape;
+    TransformerVars<double> vars = TransformerVars<double>::record(tape, values, c);
+    const std::vector<Var<double>> leaves = vars.all();
+    Dump dump;
+    if (fault == Fault::flip_scale) {
+        for (BlockVars<double>& b : vars.blocks) {
+            b.attention.W_Q = scale(b.attention.W_Q, static_cast<double>(c.width / c.heads));
+        }
+        dump.fault_applied = true;
+    }
+    const Var<double> logits = transformer_logits(vars, c, std::span<const std::size_t>(tokens), B);
+    tape.backward(logits, G);
+
+    dump.describe("model", "\"transformer_logits\"");
+    describe_transformer(dump, c);
+    const std::vector<std::string> names = parameter_names(c);
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        dump.add(names[i], leaves[i].value());
+        dump.add("d" + names[i], leaves[i].grad());
+    }
+    dump.add("tokens", indices_tensor(tokens, B));
+    dump.add("G", G);
+    dump.add("logits", logits.value());
+    return dump;
+}
+
+// `steps` steps of CharLmTrainer (the example's own step: the batch of the step number, forward,
+// backward, global-norm clipping, the warm-up + cosine rate, AdamW) from its initial parameters:
+// the settings, the batches ([steps, B, T]), the loss, rate and gradient norm of each step, and
+// the initial and final parameters. `nominal` is what meta.json states; `actual` what runs (they
+// differ only under a fault).
+void dump_charlm_run(Dump& dump, CharLmTrainer& trainer, const Corpus& corpus, const CharLmSettings& nominal,
+                     const CharLmSettings& actual, std::size_t steps) {
+    const AdamSettings adam = nominal.adam();
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("batch", fmt::format("{}", nominal.batch));
+    dump.describe("optimizer",
+                  fmt::format("{{\"peak_rate\": {}, \"warmup\": {}, \"schedule_steps\": {}, \"floor_ratio\": {}, "
+                              "\"beta1\": {}, \"beta2\": {}, \"epsilon\": {}, \"weight_decay\": {}, \"clip_norm\": {}}}",
+                              nominal.peak_rate, nominal.warmup, nominal.steps, nominal.floor_ratio, adam.beta1,
+                              adam.beta2, adam.epsilon, adam.weight_decay, nominal.clip_norm));
+    describe_transformer(dump, trainer.config());
+    const std::vector<std::string> names = parameter_names(trainer.config());
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("initial." + names[i], trainer.parameters()[i]);
+    Tensor<double> losses(Shape{steps}), norms(Shape{steps}), rates(Shape{steps});
+    Tensor<double> tokens(Shape{steps, actual.batch, actual.context}), targets(tokens.shape());
+    const std::size_t per_step = actual.batch * actual.context;
+    for (std::size_t step = 0; step < steps; ++step) {
+        const CharBatch batch = training_batch(corpus, actual, step);  // the batch trainer.step() draws
+        for (std::size_t k = 0; k < per_step; ++k) {
+            tokens[step * per_step + k] = static_cast<double>(batch.tokens[k]);
+            targets[step * per_step + k] = static_cast<double>(batch.targets[k]);
+        }
+        rates[step] = actual.schedule().rate(step);
+        losses[step] = trainer.step();
+        norms[step] = trainer.last_gradient_norm();
+    }
+    dump.add("tokens", tokens);
+    dump.add("targets", targets);
+    dump.add("losses", losses);
+    dump.add("gradient_norms", norms);
+    dump.add("learning_rates", rates);
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], trainer.parameters()[i]);
+}
+
+// A short text for the char-LM training case (public domain: the opening of Jane Austen's
+// Pride and Prejudice, 1813).
+constexpr std::string_view training_text =
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife.\nHowever little known the feelings or views of such a man may be on his first entering a "
+    "neighbourhood, this truth is so well fixed in the minds of the surrounding families, that he is "
+    "considered the rightful property of some one or other of their daughters.\n";
+
+// 20 steps of a small char-LM, with a schedule short enough that they cover the warm-up, the
+// cosine and the floor.
+Dump charlm_training_case(const fs::path& scratch, Fault fault) {
+    // The schedule's S = 15 and W = 5: warm-up to step 5, cosine to step 15, the floor after it.
+    // clip_norm lies between the steps' gradient norms (0.5 to 1.6), so clipping acts in some
+    // steps and not in others (the script requires both).
+    const CharLmSettings nominal{.layers = 2, .width = 16, .heads = 2, .context = 8, .batch = 4, .steps = 15,
+                                 .warmup = 5, .peak_rate = 1e-2, .weight_decay = 0.1, .clip_norm = 0.9, .seed = 3};
+    CharLmSettings actual = nominal;
+    Dump dump;
+    dump.describe("model", "\"charlm_training\"");
+    if (fault == Fault::nudge_learning_rate) {
+        actual.peak_rate *= 1 + 1e-6;
+        dump.fault_applied = true;
+    }
+    if (fault == Fault::skip_clipping) {
+        actual.clip_norm = 1e9;
+        dump.fault_applied = true;
+    }
+    const fs::path text_file = scratch / "charlm_text.txt";
+    std::ofstream(text_file) << training_text;
+    const Corpus corpus = load_corpus({text_file});
+    CharLmTrainer trainer(actual, corpus);
+    dump_charlm_run(dump, trainer, corpus, nominal, actual, 20);
+    return dump;
+}
+
+// The example's default model and schedule on the fortunes corpus, trained for `steps` steps (not
+// part of CTest: minutes of training on each side), with the validation windows and tapegrad's
+// mean validation loss over all of them, for the comparison of validation bits per character.
+Dump charlm_default_case(std::size_t steps) {
+    const CharLmSettings settings{};
+    const Corpus corpus = load_corpus(default_corpus_files());
+    CharLmTrainer trainer(settings, corpus);
+    Dump dump;
+    dump.describe("model", "\"charlm_default\"");
+    dump_charlm_run(dump, trainer, corpus, settings, settings, steps);
+    const std::size_t T = settings.context, windows = (corpus.validation.size() - 1) / T;
+    std::vector<std::size_t> starts(windows);
+    for (std::size_t w = 0; w < windows; ++w) starts[w] = w * T;  // validation_loss()'s windows, all of them
+    const CharBatch validation = windows_at(corpus.validation, starts, T);
+    dump.add("validation_tokens", indices_tensor(validation.tokens, windows));
+    dump.add("validation_targets", indices_tensor(validation.targets, windows));
+    dump.add("validation_loss", Tensor<double>::scalar(trainer.validation_loss()));
+    return dump;
+}
+
+// ---- Writing ------------------------------------------------------------------------------------
+
+void write_case(const fs::path& dir, const Dump& dump) {
+    fs::create_directories(dir);
+    for (const auto& [name, tensor] : dump.files) save_npy(dir / (name + ".npy"), tensor);
+    std::vector<std::string> meta = dump.meta;
+    meta.push_back(fmt::format("\"fault_applied\": {}", dump.fault_applied ? "true" : "false"));
+    std::ofstream file(dir / "meta.json");
+    file << fmt::format("{{{}}}\n", fmt::join(meta, ", "));
+    file.close();
+    if (!file) throw io_error(fmt::format("dump_models: cannot write '{}'", (dir / "meta.json").string()));
+}
+
+std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fault fault) {
+    using K = AttentionKernel;
+    const std::vector<MultiHeadCase> multihead{
+        // Queries at absolute positions 4..6 over a history of 7 keys (the key-value cache case).
+        {"multihead_causal_offset_composed", 2, 3, 7, 8, 2, false, true, 4, {}, K::composed},
+        {"multihead_causal_offset_fused", 2, 3, 7, 8, 2, false, true, 4, {}, K::fused},
+        {"multihead_self_causal_composed", 2, 5, 5, 8, 4, true, true, 0, {}, K::composed},
+        {"multihead_self_causal_fused", 2, 5, 5, 8, 4, true, true, 0, {}, K::fused},
+        {"multihead_cross_plain_composed", 2, 3, 6, 6, 3, false, false, 0, {}, K::composed},
+        {"multihead_cross_plain_fused", 2, 3, 6, 6, 3, false, false, 0, {}, K::fused},
+        {"multihead_self_padding", 3, 6, 6, 8, 2, true, false, 0, {6, 4, 1}, K::composed},
+        {"multihead_self_padding_causal", 3, 6, 6, 8, 2, true, true, 0, {6, 3, 1}, K::composed},
+        {"multihead_padding_causal_offset", 3, 2, 6, 8, 2, false, true, 4, {6, 5, 3}, K::composed},
+    };
+    std::vector<std::pair<std::string, Dump>> cases;
+    std::uint64_t seed = 100;
+    for (const MultiHeadCase& c : multihead) cases.emplace_back(c.name, multihead_case(c, fault, seed++));
+    cases.emplace_back("retrieval_composed", retrieval_case(K::composed, fault));
+    cases.emplace_back("retrieval_fused", retrieval_case(K::fused, fault));
+    cases.emplace_back("retrieval_training", retrieval_training_case(fault));
+    cases.emplace_back("transformer_block_composed", transformer_block_case(K::composed, GeluForm::tanh, fault, 300));
+    cases.emplace_back("transformer_block_fused", transformer_block_case(K::fused, GeluForm::tanh, fault, 301));
+    cases.emplace_back("transformer_block_gelu_erf", transformer_block_case(K::composed, GeluForm::erf, fault, 302));
+    cases.emplace_back("transformer_logits_composed", transformer_logits_case(K::composed, fault, 310));
+    cases.emplace_back("transformer_logits_fused", transformer_logits_case(K::fused, fault, 311));
+    cases.emplace_back("charlm_training", charlm_training_case(scratch, fault));
+    return cases;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|"
+                              "skip_clipping]\n       dump_models OUTPUT_DIR --charlm-default STEPS";
+    const std::string option = argc == 4 ? argv[2] : "";
+    if (argc != 2 && !(argc == 4 && (option == "--fault" || option == "--charlm-default"))) {
+        fmt::print(stderr, "{}\n", usage);
+        return 2;
+    }
+    const auto fault = option == "--fault" ? fault_names.find(argv[3]) : fault_names.find("none");
+    if (fault == fault_names.end()) {
+        fmt::print(stderr, "dump_models: unknown fault '{}'\n{}\n", argv[3], usage);
+        return 2;
+    }
+    const fs::path output = argv[1];
+    const fs::path temporary = fs::path(output.string() + fmt::format(".tmp-{}", ::getpid()));
+    try {
+        fs::remove_all(temporary);
+        fs::create_directories(temporary);
+        if (option == "--charlm-default") {
+            write_case(temporary / "charlm_default", charlm_default_case(std::stoul(argv[3])));
+        } else {
+            for (const auto& [name, dump] : all_cases(temporary, fault->second)) write_case(temporary / name, dump);
+        }
+        fs::remove_all(output);
+        fs::rename(temporary, output);
+        return 0;
+    } catch (const std::exception& e) {
+        std::error_code ignored;
+        fs::remove_all(temporary, ignored);
+        fmt::print(stderr, "dump_models: {}\n", e.what());
+        return 1;
+    }
+}
