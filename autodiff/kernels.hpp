@@ -93,3 +93,7 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
 }
 
 }  // namespace tapegrad::kernels
+
+// Dual numbers (forward mode): their products split into value and tangent planes and come back
+// here as real products.
+#include "autodiff/dual_kernels.hpp"

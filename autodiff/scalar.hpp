@@ -1,6 +1,9 @@
 // Scalar types tapegrad computes in, and the few math helpers that must work for all of them:
-// float, double, and Boost.Multiprecision's 50-digit binary float (the checker's reference type).
+// float, double, Boost.Multiprecision's 50-digit binary float (the checker's reference type), and
+// Dual over any of them (a value and a tangent, forward mode: autodiff/dual.hpp).
 #pragma once
+
+#include "autodiff/dual.hpp"
 
 #include <boost/multiprecision/cpp_bin_float.hpp>
 
@@ -17,7 +20,10 @@ namespace tapegrad {
 using mp50 = boost::multiprecision::cpp_bin_float_50;
 
 template <class T>
-concept Scalar = std::floating_point<T> || boost::multiprecision::is_number<T>::value;
+concept RealScalar = std::floating_point<T> || boost::multiprecision::is_number<T>::value;
+
+template <class T>
+concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>);
 
 // Unit roundoff of T (half the machine epsilon).
 template <Scalar T>
@@ -25,11 +31,14 @@ T unit_roundoff() {
     return std::numeric_limits<T>::epsilon() / 2;
 }
 
-// Converts any supported scalar to double (rounding), for reports and comparisons in double.
+// Converts any supported scalar to double (rounding), for reports and comparisons in double; a
+// dual number gives its value.
 template <Scalar T>
 double to_double(const T& x) {
     if constexpr (std::floating_point<T>) {
         return static_cast<double>(x);
+    } else if constexpr (is_dual_v<T>) {
+        return to_double(x.value());
     } else {
         return x.template convert_to<double>();
     }

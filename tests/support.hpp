@@ -1,6 +1,6 @@
 // Helpers shared by the tests: seeded random tensors, a random probe that turns any output into
-// a scalar J = Σ Y ∘ G, and a one-line way to push an op through the generic checker and through
-// an explicit upstream seed on its own output (the op tables).
+// a scalar J = Σ Y ∘ G, and a one-line way to push an op through the generic checker, through
+// an explicit upstream seed on its own output, and through the JVP and HVP checks (the op tables).
 #pragma once
 
 #include "tapegrad.hpp"
@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <functional>
 #include <ostream>
 #include <random>
@@ -41,6 +42,46 @@ Var<T> probe(const Var<T>& Y) {
     std::mt19937_64 rng(Y.shape().size() * 7919 + Y.shape().rank());
     const Var<T> G = Y.tape().constant(tensor_cast<T>(random_tensor(Y.shape(), rng)), "G");
     return sum(mul(Y, G));
+}
+
+// The op tables' second-order columns: the JVP check on the op's own output (every entry, plus
+// the transpose identity) and the HVP check on the probe J = Σ Y ∘ G, each along one seeded random
+// direction (check/second_order.hpp, 50-digit dual tape against 50-digit differences, thresholds
+// as the checker's). One direction each and the 50-digit dual tape only keep the added run and
+// compile time small (the tables also run in the sanitizer build); the attention graphs get three in tests/test_second_order.cpp. A failure's
+// report is printed as a warning; the row fails through the returned verdict.
+template <std::size_t N, class Op>
+CheckReport check_op_second_order(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+    NamedTensor leaves[N];
+    for (std::size_t l = 0; l < N; ++l) leaves[l] = NamedTensor{fmt::format("x{}", l), values[l]};
+    CheckOptions options;
+    options.directions = 1;
+    options.seed = rng();
+    const SecondOrderReport jvp = check_jvp<DualTapes::mp_only>(op, leaves, options);
+    BOOST_WARN_MESSAGE(jvp.passed, jvp.summary());
+    // An output with constant non-finite entries (mask: −inf where hidden) has no scalar probe
+    // (−inf·G summed over signs of G is NaN), so it gets the JVP column only; its curvature is
+    // checked where softmax follows it ("mask then softmax").
+    Tape<double> tape;
+    std::array<Var<double>, N> in;
+    for (std::size_t l = 0; l < N; ++l) in[l] = tape.leaf(values[l]);
+    const Tensor<double> Y = op(in).value();
+    if (!std::all_of(Y.data().begin(), Y.data().end(), [](double y) { return std::isfinite(y); })) {
+        CheckReport report;
+        report.passed = jvp.passed;
+        report.coordinates = jvp.compared;
+        report.failures = jvp.failures;
+        report.max_error_mp = jvp.max_error_mp;
+        return report;
+    }
+    const SecondOrderReport hvp = check_hvp<DualTapes::mp_only>([&](auto x) { return probe(op(x)); }, leaves, options);
+    BOOST_WARN_MESSAGE(hvp.passed, hvp.summary());
+    CheckReport report;
+    report.passed = jvp.passed && hvp.passed;
+    report.coordinates = jvp.compared + hvp.compared;
+    report.failures = jvp.failures + hvp.failures;
+    report.max_error_mp = std::max(jvp.max_error_mp, hvp.max_error_mp);
+    return report;
 }
 
 // Drives `op` by an explicit upstream seed on its own output, in 50 digits: a random G over every
@@ -106,13 +147,18 @@ CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor
             }
         }
     }
+    // Every caller of the seeded check (the op tables, the checks on given values) also gets the
+    // second-order columns; their failures are not added to the seeded failure count.
+    const CheckReport second = check_op_second_order(op, rng, values);
+    report.passed = report.passed && second.passed;
+    report.max_error_mp = std::max(report.max_error_mp, second.max_error_mp);
     return report;
 }
 
 // Checks `op` (a generic lambda from an array of Vars to a Var) on random leaves of the given
 // shapes, with the default (fixed) thresholds: through the checker with the probe J = Σ Y ∘ G
-// downstream, and by an explicit seed on the op's own output (check_op_seeded). Prints the
-// report when it fails.
+// downstream, and by an explicit seed on the op's own output with the JVP and HVP columns
+// (check_op_seeded). Prints the report when it fails.
 template <class Op, class... Shapes>
 CheckReport check_op(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     std::size_t leaf = 0;

@@ -1,0 +1,67 @@
+// Products of dual matrices as real products: for A = Av + At·ε and B = Bv + Bt·ε,
+//   A·B = Av·Bv + (At·Bv + Av·Bt)·ε,
+// so C's value plane is one real GEMM and its tangent plane two, each through the real kernel of
+// autodiff/kernels.hpp (Eigen for double, the plain loop for 50 digits), never an element loop
+// over dual numbers. A tangent plane that is all zero (a constant operand: a probe G, a mask, the
+// seed of a backward) is skipped, so a product with a constant costs two GEMMs, not three.
+// kernels.hpp includes this file at its end: `kernels::gemm` on Dual pointers picks this overload.
+#pragma once
+
+#include "autodiff/dual.hpp"
+#include "autodiff/kernels.hpp"  // Form and the real gemm (which includes this file at its end)
+
+#include <algorithm>
+#include <cstddef>
+#include <vector>
+
+namespace tapegrad::kernels {
+
+namespace dual_detail {
+
+// The value and tangent planes of n dual numbers. Returns whether any tangent is nonzero.
+template <Scalar T>
+bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<T>& tangents) {
+    values.resize(n);
+    tangents.resize(n);
+    bool moves = false;
+    for (std::size_t k = 0; k < n; ++k) {
+        values[k] = x[k].value();
+        tangents[k] = x[k].tangent();
+        moves = moves || tangents[k] != T(0);
+    }
+    return moves;
+}
+
+// Scratch planes, one set per thread (fused attention calls products from several threads), kept
+// between calls so a product allocates nothing once warm.
+template <Scalar T>
+struct Planes {
+    std::vector<T> Av, At, Bv, Bt, Cv, Ct;
+};
+
+}  // namespace dual_detail
+
+// C (m×n) = op(A)·op(B) or C += op(A)·op(B) for dual matrices; shapes as for the real gemm.
+template <Scalar T>
+void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const Dual<T>* A, const Dual<T>* B, Dual<T>* C,
+          bool accumulate) {
+    thread_local dual_detail::Planes<T> p;
+    const bool a_moves = dual_detail::split(A, m * k, p.Av, p.At);
+    const bool b_moves = dual_detail::split(B, k * n, p.Bv, p.Bt);
+    p.Cv.resize(m * n);
+    p.Ct.resize(m * n);
+    gemm(form, m, n, k, p.Av.data(), p.Bv.data(), p.Cv.data(), false);
+    if (a_moves) gemm(form, m, n, k, p.At.data(), p.Bv.data(), p.Ct.data(), false);
+    if (b_moves) gemm(form, m, n, k, p.Av.data(), p.Bt.data(), p.Ct.data(), a_moves);
+    if (!a_moves && !b_moves) std::fill(p.Ct.begin(), p.Ct.end(), T(0));
+    for (std::size_t x = 0; x < m * n; ++x) {
+        if (accumulate) {
+            C[x].value() += p.Cv[x];
+            C[x].tangent() += p.Ct[x];
+        } else {
+            C[x] = Dual<T>(p.Cv[x], p.Ct[x]);
+        }
+    }
+}
+
+}  // namespace tapegrad::kernels

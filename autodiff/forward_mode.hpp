@@ -1,0 +1,165 @@
+// Forward mode and second order, on the tape as it is: a graph recorded on a Tape<Dual<T>>
+// (autodiff/dual.hpp) carries each value's derivative along the leaves' tangents.
+//
+//   jvp(graph, leaves, tangents)  the output Y and its directional derivative J_Y·t, in one forward
+//                                 pass (no backward).
+//   hvp(graph, leaves, v)         for a scalar J: its gradient and H·v, forward over reverse. The
+//                                 leaves' tangents are v; the reverse sweep on the dual tape runs
+//                                 every op's VJP in dual numbers, so each gradient's tangent is
+//                                 d/dε ∇J(x + εv) = H·v. One forward and one backward, each about
+//                                 three times the real work of a product (value, two tangent terms).
+//   hessian(graph, leaves)        the full Hessian, column c = H·e_c, for small graphs.
+//
+// The graph is the generic lambda the checker takes (check/gradcheck.hpp): a function of an
+// array of Vars returning a Var. It is instantiated for Var<Dual<T>>; every op's forward and VJP is
+// generic code in the scalar type, so no op needs a forward rule of its own.
+#pragma once
+
+#include "autodiff/dual.hpp"
+#include "autodiff/error.hpp"
+#include "autodiff/tape.hpp"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cstddef>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tapegrad {
+
+// A dual tensor from its value and tangent planes (same shape).
+template <RealScalar T>
+Tensor<Dual<T>> dual_tensor(const Tensor<T>& value, const Tensor<T>& tangent) {
+    if (!(value.shape() == tangent.shape())) {
+        throw shape_error(fmt::format("dual_tensor: tangent of shape {} for a value of shape {}",
+                                      tangent.shape().to_string(), value.shape().to_string()));
+    }
+    Tensor<Dual<T>> x(value.shape());
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = Dual<T>(value[k], tangent[k]);
+    return x;
+}
+
+// The value plane of a dual tensor.
+template <RealScalar T>
+Tensor<T> values_of(const Tensor<Dual<T>>& x) {
+    Tensor<T> v(x.shape());
+    for (std::size_t k = 0; k < x.size(); ++k) v[k] = x[k].value();
+    return v;
+}
+
+// The tangent plane of a dual tensor.
+template <RealScalar T>
+Tensor<T> tangents_of(const Tensor<Dual<T>>& x) {
+    Tensor<T> t(x.shape());
+    for (std::size_t k = 0; k < x.size(); ++k) t[k] = x[k].tangent();
+    return t;
+}
+
+template <RealScalar T>
+struct JvpResult {
+    Tensor<T> value;    // Y
+    Tensor<T> tangent;  // J_Y·t: the derivative of Y along the leaves' tangents
+};
+
+template <RealScalar T, std::size_t N>
+struct HvpResult {
+    T value;                          // J
+    std::array<Tensor<T>, N> gradient;  // ∇J, per leaf
+    std::array<Tensor<T>, N> Hv;        // H·v, per leaf
+};
+
+namespace detail {
+
+template <RealScalar T, std::size_t N>
+struct DualRecording {
+    std::array<Var<Dual<T>>, N> leaves;
+    Var<Dual<T>> output;
+};
+
+// Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε.
+template <RealScalar T, std::size_t N, class Graph>
+DualRecording<T, N> record_dual(Tape<Dual<T>>& tape, Graph& graph, const std::array<Tensor<T>, N>& leaves,
+                         const std::array<Tensor<T>, N>& tangents, std::string_view what) {
+    tape.clear();
+    DualRecording<T, N> r;
+    for (std::size_t l = 0; l < N; ++l) {
+        if (!(tangents[l].shape() == leaves[l].shape())) {
+            throw shape_error(fmt::format("{}: direction for leaf {} has shape {}, the leaf has shape {}", what, l,
+                                          tangents[l].shape().to_string(), leaves[l].shape().to_string()));
+        }
+        r.leaves[l] = tape.leaf(dual_tensor(leaves[l], tangents[l]), fmt::format("x{}", l));
+    }
+    r.output = graph(r.leaves);
+    return r;
+}
+
+}  // namespace detail
+
+// Y = graph(leaves) and its directional derivative along `tangents`, on a reusable tape.
+template <RealScalar T, std::size_t N, class Graph>
+JvpResult<T> jvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
+                 const std::array<Tensor<T>, N>& tangents) {
+    const Var<Dual<T>> Y = detail::record_dual(tape, graph, leaves, tangents, "jvp").output;
+    return {values_of(Y.value()), tangents_of(Y.value())};
+}
+
+template <RealScalar T, std::size_t N, class Graph>
+JvpResult<T> jvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const std::array<Tensor<T>, N>& tangents) {
+    Tape<Dual<T>> tape;
+    return jvp(tape, graph, leaves, tangents);
+}
+
+// J = graph(leaves) (one element), its gradient and H·v, on a reusable tape.
+template <RealScalar T, std::size_t N, class Graph>
+HvpResult<T, N> hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
+                    const std::array<Tensor<T>, N>& v) {
+    const detail::DualRecording<T, N> recorded = detail::record_dual(tape, graph, leaves, v, "hvp");
+    const Var<Dual<T>>& J = recorded.output;
+    if (J.shape().size() != 1) {
+        throw usage_error(fmt::format("hvp: the graph must return a scalar J, it returned shape {}",
+                                      J.shape().to_string()));
+    }
+    tape.backward(J);  // seed 1 + 0ε: the tangents of the gradients are H·v
+    HvpResult<T, N> result{J.value()[0].value(), {}, {}};
+    for (std::size_t l = 0; l < N; ++l) {
+        const Tensor<Dual<T>>& g = recorded.leaves[l].grad();
+        result.gradient[l] = values_of(g);
+        result.Hv[l] = tangents_of(g);
+    }
+    return result;
+}
+
+template <RealScalar T, std::size_t N, class Graph>
+HvpResult<T, N> hvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const std::array<Tensor<T>, N>& v) {
+    Tape<Dual<T>> tape;
+    return hvp(tape, graph, leaves, v);
+}
+
+// The Hessian of J over all leaves' coordinates, flattened leaf after leaf (n = Σ sizes): an n×n
+// matrix whose column c is H·e_c. n HVPs: for small graphs (a check, a curvature picture).
+// Symmetric to rounding; it is not symmetrised, so its asymmetry shows the rounding.
+template <RealScalar T, std::size_t N, class Graph>
+Tensor<T> hessian(Graph&& graph, const std::array<Tensor<T>, N>& leaves) {
+    std::size_t n = 0;
+    for (const Tensor<T>& x : leaves) n += x.size();
+    Tensor<T> H(Shape{n, n});
+    std::array<Tensor<T>, N> e;
+    for (std::size_t l = 0; l < N; ++l) e[l] = Tensor<T>(leaves[l].shape());
+    Tape<Dual<T>> tape;
+    std::size_t column = 0;
+    for (std::size_t l = 0; l < N; ++l) {
+        for (std::size_t c = 0; c < leaves[l].size(); ++c, ++column) {
+            e[l][c] = T(1);
+            const HvpResult<T, N> r = hvp(tape, graph, leaves, e);
+            e[l][c] = T(0);
+            std::size_t row = 0;
+            for (const Tensor<T>& part : r.Hv)
+                for (std::size_t k = 0; k < part.size(); ++k) H(row++, column) = part[k];
+        }
+    }
+    return H;
+}
+
+}  // namespace tapegrad
