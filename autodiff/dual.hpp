@@ -130,6 +130,11 @@ public:
         using std::sinh;
         return {T(sinh(x.v_)), scaled(x.t_, T(cosh(x.v_)))};
     }
+    // atan'(v) = 1/(1 + v²) (gelu's π is 4·atan(1) in the scalar's own precision).
+    friend Dual atan(const Dual& x) {
+        using std::atan;
+        return {T(atan(x.v_)), T(x.t_ / T(1 + x.v_ * x.v_))};
+    }
     // erf'(v) = 2/√π · exp(−v²).
     friend Dual erf(const Dual& x) {
         using std::erf;
