@@ -8,7 +8,7 @@
 // under `mpirun -np N`. Every rank records the graph and computes the analytic gradients (cheap);
 // the finite differences (the 50-digit replays, nearly all of the time) are shared among the
 // ranks, each taking its share with its own threads. The differences are then exchanged (one
-// all-gather per stage: 6 numbers of 50 digits per derivative) and every rank compares all of
+// all-gather per stage and per branch: 6 numbers of 50 digits per derivative) and every rank compares all of
 // them in the single-process order, so every rank ends with the report a single process gives
 // for the same seed: the same numbers, worst coordinates and verdict, by construction.
 //

@@ -2,6 +2,7 @@
 // process or, built with MPI (TAPEGRAD_WITH_MPI), spread over the ranks of `mpirun -np N`
 // unchanged (check/distributed.hpp). Rank 0 prints progress to stderr and the report to stdout.
 // See `tapegrad-check --help`.
+#include "benchmarks/timing.hpp"
 #include "examples/retrieval.hpp"
 #include "tapegrad.hpp"
 
@@ -128,9 +129,10 @@ struct Processes {
 
 // --plan: what a full check would take, without taking it: the derivatives (coordinates and
 // branch coordinates, as full_check and attribute_branches list them), their estimated replay
-// cost (detail::replay_cost, what the ranks' shares balance), and, measured, the seconds of a few
-// of each leaf's (and branch's) on one thread, which make the predicted time of the whole check
-// (the model in the README).
+// cost (detail::replay_cost, what the ranks' shares balance), and, measured, the CPU seconds of a
+// few of each leaf's (and branch's) on one thread (CPU time: on a shared machine the wall clock
+// also counts waiting for a core), which make the predicted time of the whole check on one
+// thread (the model in the README).
 template <std::size_t N, class Graph>
 void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
     const CheckOptions options;
@@ -149,18 +151,18 @@ void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
     constexpr std::size_t samples = 4;  // spread over the group: costs vary a little with the index
     for (const std::vector<detail::Probe>& group : groups) {
         const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(group));
-        const auto start = std::chrono::steady_clock::now();
+        const double start = timing::thread_seconds();
         for (std::size_t k = 0; k < samples; ++k)
             (void)detail::take_probe(c, group[k * (group.size() - 1) / (samples - 1)], scratch, c.workspaces[0]);
-        const double each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / samples;
-        fmt::print("  {} coordinates of {}{}: {:.3g} ms each (measured, {} samples), estimated cost {:.4g} each\n",
+        const double each = (timing::thread_seconds() - start) / samples;
+        fmt::print("  {} coordinates of {}{}: {:.3g} ms of CPU each (measured, {} samples), estimated cost {:.4g} each\n",
                    group.size(), c.leaves[group[0].leaf].name, group[0].edge ? " (one branch)" : "", 1e3 * each,
                    samples, costs[0]);
         derivatives += group.size();
         cost += std::accumulate(costs.begin(), costs.end(), 0.0);
         predicted += each * static_cast<double>(group.size());
     }
-    fmt::print("plan: {} derivatives (coordinates and branches), estimated replay cost {:.4g}, predicted time on "
+    fmt::print("plan: {} derivatives (coordinates and branches), estimated replay cost {:.4g}, predicted CPU time on "
                "one thread {:.4g} s; {} bytes of differences exchanged in all (6 50-digit numbers each)\n",
                derivatives, cost, predicted, derivatives * 6 * 38);
 }
