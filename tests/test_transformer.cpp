@@ -105,17 +105,19 @@ BOOST_AUTO_TEST_CASE(the_default_char_lm_size_passes_the_fast_check) {
 
 namespace {
 
+std::vector<Tensor<double>> random_parameters(const TransformerConfig& c, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<Tensor<double>> values;
+    for (const Shape& shape : parameter_shapes(c)) values.push_back(random_tensor(shape, rng, 0.5));
+    return values;
+}
+
 // The largest difference between the full pass's logits and those produced block by block
 // through the memory, blocks of the given lengths.
 double generation_gap(const TransformerConfig& c, std::span<const std::size_t> blocks) {
     const std::size_t B = 2;
     const Sequences s = random_sequences(B, c.context, c.vocabulary, 11);
-    const std::vector<Tensor<double>> values = [&] {
-        std::mt19937_64 rng(12);
-        std::vector<Tensor<double>> v;
-        for (const Shape& shape : parameter_shapes(c)) v.push_back(random_tensor(shape, rng, 0.5));
-        return v;
-    }();
+    const std::vector<Tensor<double>> values = random_parameters(c, 12);
     Tape<double> tape;
     const auto p = TransformerVars<double>::record(tape, values, c);
     const Tensor<double> full = transformer_logits(p, c, std::span<const std::size_t>(s.tokens), B).value();
@@ -154,6 +156,22 @@ BOOST_AUTO_TEST_CASE(generating_through_the_memory_gives_the_full_pass_logits) {
         BOOST_TEST(gap_ones <= 1e-12);
         BOOST_TEST(gap_blocks <= 1e-12);
     }
+    // Control: the comparison sees a wrong history. Blocks that each start a fresh memory (every
+    // block at positions 0.., seeing none of the earlier tokens) miss the full pass by far.
+    const TransformerConfig c = small_config();
+    const std::size_t B = 2;
+    const Sequences s = random_sequences(B, c.context, c.vocabulary, 11);
+    Tape<double> tape;
+    const std::vector<Tensor<double>> values = random_parameters(c, 12);
+    const auto p = TransformerVars<double>::record(tape, values, c);
+    const Tensor<double> full = transformer_logits(p, c, std::span<const std::size_t>(s.tokens), B).value();
+    const std::vector<std::size_t> second = {s.tokens[1], s.tokens[c.context + 1]};
+    TransformerMemory<double> fresh;
+    const Tensor<double> alone =
+        transformer_logits(p, c, std::span<const std::size_t>(second), B, {.memory = &fresh}).value();
+    double miss = 0;
+    for (std::size_t v = 0; v < c.vocabulary; ++v) miss = std::max(miss, std::abs(alone.at({0, 0, v}) - full.at({0, 1, v})));
+    BOOST_TEST(miss > 1e-3);
 }
 
 BOOST_AUTO_TEST_CASE(the_model_refuses_bad_configs_and_token_blocks) {
