@@ -260,14 +260,17 @@ void describe_transformer(Dump& dump, const TransformerConfig& c) {
 // Parameters drawn away from GPT-2's start (gains 1, biases 0, small matrices), so every term of
 // the block (gain, bias, the MLP's curvature) is exercised at generic values.
 std::vector<Tensor<double>> generic_parameters(const TransformerConfig& c, std::mt19937_64& generator) {
+    const std::vector<std::string> names = parameter_names(c);
+    const std::vector<Shape> shapes = parameter_shapes(c);
     std::vector<Tensor<double>> values;
-    for (const Shape& shape : parameter_shapes(c)) {
-        const double spread = shape.rank() == 2 ? std::sqrt(3.0 / static_cast<double>(shape[0])) : 0.5;
-        Tensor<double> t = uniform(shape, spread, generator);
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+        // Matrices keep their input's variance; gains lie in [0.5, 1.5), biases in [−0.5, 0.5).
+        const double spread = shapes[i].rank() == 2 ? std::sqrt(3.0 / static_cast<double>(shapes[i][0])) : 0.5;
+        Tensor<double> t = uniform(shapes[i], spread, generator);
+        if (names[i].ends_with("gain")) {
+            for (double& x : t.data()) x += 1.0;
+        }
         values.push_back(std::move(t));
-    }
-    for (const std::size_t gain : {std::size_t{2}, std::size_t{8}}) {  // block 0's ln1 and ln2 gains around 1
-        for (double& x : values[gain].data()) x += 1.0;
     }
     return values;
 }
