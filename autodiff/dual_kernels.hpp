@@ -27,7 +27,7 @@ bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<
     for (std::size_t k = 0; k < n; ++k) {
         values[k] = x[k].value();
         tangents[k] = x[k].tangent();
-        moves = moves || tangents[k] != T(0);
+        moves |= tangents[k] != T(0);  // no early exit, no branch: the loop vectorises for double
     }
     return moves;
 }

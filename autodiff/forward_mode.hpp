@@ -29,31 +29,46 @@
 
 namespace tapegrad {
 
-// A dual tensor from its value and tangent planes (same shape).
+// x = value + tangent·ε (same shapes), written into `x` (its buffer is reused when large enough).
 template <RealScalar T>
-Tensor<Dual<T>> dual_tensor(const Tensor<T>& value, const Tensor<T>& tangent) {
+void dual_tensor_into(const Tensor<T>& value, const Tensor<T>& tangent, Tensor<Dual<T>>& x) {
     if (!(value.shape() == tangent.shape())) {
         throw shape_error(fmt::format("dual_tensor: tangent of shape {} for a value of shape {}",
                                       tangent.shape().to_string(), value.shape().to_string()));
     }
-    Tensor<Dual<T>> x(value.shape());
+    x.resize(value.shape());
     for (std::size_t k = 0; k < x.size(); ++k) x[k] = Dual<T>(value[k], tangent[k]);
+}
+
+template <RealScalar T>
+Tensor<Dual<T>> dual_tensor(const Tensor<T>& value, const Tensor<T>& tangent) {
+    Tensor<Dual<T>> x;
+    dual_tensor_into(value, tangent, x);
     return x;
 }
 
-// The value plane of a dual tensor.
+// The value and tangent planes of a dual tensor, written into `values` and `tangents`.
+template <RealScalar T>
+void split_planes(const Tensor<Dual<T>>& x, Tensor<T>& values, Tensor<T>& tangents) {
+    values.resize(x.shape());
+    tangents.resize(x.shape());
+    for (std::size_t k = 0; k < x.size(); ++k) {
+        values[k] = x[k].value();
+        tangents[k] = x[k].tangent();
+    }
+}
+
 template <RealScalar T>
 Tensor<T> values_of(const Tensor<Dual<T>>& x) {
-    Tensor<T> v(x.shape());
-    for (std::size_t k = 0; k < x.size(); ++k) v[k] = x[k].value();
+    Tensor<T> v, t;
+    split_planes(x, v, t);
     return v;
 }
 
-// The tangent plane of a dual tensor.
 template <RealScalar T>
 Tensor<T> tangents_of(const Tensor<Dual<T>>& x) {
-    Tensor<T> t(x.shape());
-    for (std::size_t k = 0; k < x.size(); ++k) t[k] = x[k].tangent();
+    Tensor<T> v, t;
+    split_planes(x, v, t);
     return t;
 }
 
@@ -79,17 +94,21 @@ struct DualRecording {
 };
 
 // Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε.
+// Each leaf is built in a per-thread scratch tensor and copied into its node's reused buffer, so
+// a warm tape records without allocating (a fresh tensor per leaf and call costs page faults).
 template <RealScalar T, std::size_t N, class Graph>
 DualRecording<T, N> record_dual(Tape<Dual<T>>& tape, Graph& graph, const std::array<Tensor<T>, N>& leaves,
                          const std::array<Tensor<T>, N>& tangents, std::string_view what) {
     tape.clear();
+    thread_local Tensor<Dual<T>> scratch;
     DualRecording<T, N> r;
     for (std::size_t l = 0; l < N; ++l) {
         if (!(tangents[l].shape() == leaves[l].shape())) {
             throw shape_error(fmt::format("{}: direction for leaf {} has shape {}, the leaf has shape {}", what, l,
                                           tangents[l].shape().to_string(), leaves[l].shape().to_string()));
         }
-        r.leaves[l] = tape.leaf(dual_tensor(leaves[l], tangents[l]), fmt::format("x{}", l));
+        dual_tensor_into(leaves[l], tangents[l], scratch);
+        r.leaves[l] = tape.leaf(scratch, fmt::format("x{}", l));
     }
     r.output = graph(r.leaves);
     return r;
@@ -97,12 +116,21 @@ DualRecording<T, N> record_dual(Tape<Dual<T>>& tape, Graph& graph, const std::ar
 
 }  // namespace detail
 
-// Y = graph(leaves) and its directional derivative along `tangents`, on a reusable tape.
+// Y = graph(leaves) and its directional derivative along `tangents`, on a reusable tape, into
+// `result` (its buffers are reused).
+template <RealScalar T, std::size_t N, class Graph>
+void jvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
+         const std::array<Tensor<T>, N>& tangents, JvpResult<T>& result) {
+    const Var<Dual<T>> Y = detail::record_dual(tape, graph, leaves, tangents, "jvp").output;
+    split_planes(Y.value(), result.value, result.tangent);
+}
+
 template <RealScalar T, std::size_t N, class Graph>
 JvpResult<T> jvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
                  const std::array<Tensor<T>, N>& tangents) {
-    const Var<Dual<T>> Y = detail::record_dual(tape, graph, leaves, tangents, "jvp").output;
-    return {values_of(Y.value()), tangents_of(Y.value())};
+    JvpResult<T> result;
+    jvp(tape, graph, leaves, tangents, result);
+    return result;
 }
 
 template <RealScalar T, std::size_t N, class Graph>
@@ -111,10 +139,10 @@ JvpResult<T> jvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const st
     return jvp(tape, graph, leaves, tangents);
 }
 
-// J = graph(leaves) (one element), its gradient and H·v, on a reusable tape.
+// J = graph(leaves) (one element), its gradient and H·v, on a reusable tape, into `result`.
 template <RealScalar T, std::size_t N, class Graph>
-HvpResult<T, N> hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
-                    const std::array<Tensor<T>, N>& v) {
+void hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
+         const std::array<Tensor<T>, N>& v, HvpResult<T, N>& result) {
     const detail::DualRecording<T, N> recorded = detail::record_dual(tape, graph, leaves, v, "hvp");
     const Var<Dual<T>>& J = recorded.output;
     if (J.shape().size() != 1) {
@@ -122,12 +150,15 @@ HvpResult<T, N> hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<
                                       J.shape().to_string()));
     }
     tape.backward(J);  // seed 1 + 0ε: the tangents of the gradients are H·v
-    HvpResult<T, N> result{J.value()[0].value(), {}, {}};
-    for (std::size_t l = 0; l < N; ++l) {
-        const Tensor<Dual<T>>& g = recorded.leaves[l].grad();
-        result.gradient[l] = values_of(g);
-        result.Hv[l] = tangents_of(g);
-    }
+    result.value = J.value()[0].value();
+    for (std::size_t l = 0; l < N; ++l) split_planes(recorded.leaves[l].grad(), result.gradient[l], result.Hv[l]);
+}
+
+template <RealScalar T, std::size_t N, class Graph>
+HvpResult<T, N> hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
+                    const std::array<Tensor<T>, N>& v) {
+    HvpResult<T, N> result{};
+    hvp(tape, graph, leaves, v, result);
     return result;
 }
 
@@ -148,11 +179,12 @@ Tensor<T> hessian(Graph&& graph, const std::array<Tensor<T>, N>& leaves) {
     std::array<Tensor<T>, N> e;
     for (std::size_t l = 0; l < N; ++l) e[l] = Tensor<T>(leaves[l].shape());
     Tape<Dual<T>> tape;
+    HvpResult<T, N> r{};
     std::size_t column = 0;
     for (std::size_t l = 0; l < N; ++l) {
         for (std::size_t c = 0; c < leaves[l].size(); ++c, ++column) {
             e[l][c] = T(1);
-            const HvpResult<T, N> r = hvp(tape, graph, leaves, e);
+            hvp(tape, graph, leaves, e, r);
             e[l][c] = T(0);
             std::size_t row = 0;
             for (const Tensor<T>& part : r.Hv)

@@ -5,6 +5,7 @@
 // found, else Eigen), the full 50-digit gradient check of attention at T = D = d = 8, and
 // reports peak memory. One line per measurement, `key=value` fields, so the output can be
 // pasted into the README and diffed between runs.
+#include "inputs.hpp"
 #include "tapegrad.hpp"
 #include "timing.hpp"
 
@@ -33,64 +34,19 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+using bench::AttentionInputs;
+using bench::make_inputs;
+using bench::random_tensor;
+#ifdef TAPEGRAD_HAVE_TORCH
+using bench::to_torch;
+#endif
+using timing::alternate;
+using timing::ClockFunction;
 using timing::median;
 using timing::thread_seconds;
+using timing::wall_seconds;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-Tensor<double> random_tensor(const Shape& shape, std::mt19937_64& rng) {
-    std::normal_distribution<double> normal(0.0, 1.0);
-    Tensor<double> t(shape);
-    for (double& x : t.data()) x = normal(rng);
-    return t;
-}
-
-// How many calls of `work` fill about `target_seconds`: batches that long make the clock's
-// resolution and the loop around them negligible even for the 2-position graph (about 1 µs).
-// Wall-clock seconds, for the runs that use several threads.
-double wall_seconds() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
-using ClockFunction = double (*)();
-
-std::size_t calibrate(const std::function<void()>& work, double target_seconds, ClockFunction now) {
-    std::size_t iterations = 1;
-    for (;;) {
-        const double start = now();
-        for (std::size_t i = 0; i < iterations; ++i) work();
-        const double elapsed = now() - start;
-        if (elapsed >= target_seconds / 4 || iterations >= (std::size_t{1} << 24)) {
-            return std::max<std::size_t>(1, static_cast<std::size_t>(iterations * target_seconds / std::max(elapsed, 1e-9)));
-        }
-        iterations *= 4;
-    }
-}
-
-// Median time per call, in µs, of each of `contenders`, measured in alternating batches.
-std::vector<double> alternate(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
-                              double batch_seconds, ClockFunction now = thread_seconds) {
-    std::vector<std::size_t> iterations;
-    for (const auto& work : contenders) iterations.push_back(calibrate(work, batch_seconds, now));
-    std::vector<std::vector<double>> samples(contenders.size());
-    for (std::size_t round = 0; round < rounds; ++round) {
-        for (std::size_t c = 0; c < contenders.size(); ++c) {
-            const double start = now();
-            for (std::size_t i = 0; i < iterations[c]; ++i) contenders[c]();
-            samples[c].push_back((now() - start) * 1e6 / static_cast<double>(iterations[c]));
-        }
-    }
-    std::vector<double> medians;
-    for (auto& s : samples) medians.push_back(median(std::move(s)));
-    return medians;
-}
-
-struct AttentionInputs {
-    Tensor<double> X, W_Q, W_K, W_V, G;
-};
-
-AttentionInputs make_inputs(std::size_t T, std::size_t D, std::size_t d, std::mt19937_64& rng) {
-    return {random_tensor(Shape{T, D}, rng), random_tensor(Shape{D, d}, rng), random_tensor(Shape{D, d}, rng),
-            random_tensor(Shape{D, d}, rng), random_tensor(Shape{T, d}, rng)};
-}
 
 // Forward and backward on one reused tape (clear() keeps every node's buffers).
 class TapegradAttention {
@@ -121,14 +77,6 @@ private:
 };
 
 #ifdef TAPEGRAD_HAVE_TORCH
-torch::Tensor to_torch(const Tensor<double>& t, bool requires_grad) {
-    const auto options = torch::TensorOptions().dtype(torch::kDouble);
-    torch::Tensor copy = torch::from_blob(const_cast<double*>(t.data().data()),
-                                          {static_cast<long>(t.rows()), static_cast<long>(t.cols())}, options)
-                             .clone();
-    return copy.requires_grad_(requires_grad);
-}
-
 class TorchAttention {
 public:
     TorchAttention(const AttentionInputs& in, std::size_t d)

@@ -1,11 +1,13 @@
-// Timing helpers shared by the benchmark programs: the calling thread's CPU clock and the median
-// of a set of samples.
+// Timing helpers shared by the benchmark programs: the calling thread's CPU clock, the median of
+// a set of samples, and contenders timed side by side in alternating batches.
 #pragma once
 
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 namespace tapegrad::timing {
@@ -23,6 +25,60 @@ inline double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
     const std::size_t n = values.size();
     return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Wall-clock seconds, for the runs that use several threads.
+inline double wall_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+using ClockFunction = double (*)();
+
+// How many calls of `work` fill about `target_seconds`: batches that long make the clock's
+// resolution and the loop around them negligible even for the 2-position graph (about 1 µs).
+inline std::size_t calibrate(const std::function<void()>& work, double target_seconds, ClockFunction now) {
+    std::size_t iterations = 1;
+    for (;;) {
+        const double start = now();
+        for (std::size_t i = 0; i < iterations; ++i) work();
+        const double elapsed = now() - start;
+        if (elapsed >= target_seconds / 4 || iterations >= (std::size_t{1} << 24)) {
+            return std::max<std::size_t>(1, static_cast<std::size_t>(iterations * target_seconds / std::max(elapsed, 1e-9)));
+        }
+        iterations *= 4;
+    }
+}
+
+// Time per call, in µs, of one contender: the best batch and the median batch.
+struct Timing {
+    double best_us, median_us;
+};
+
+// Each of `contenders` timed in alternating batches (round by round, so all see the same machine
+// state), `rounds` batches of about `batch_seconds` each.
+inline std::vector<Timing> alternate_timings(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
+                                             double batch_seconds, ClockFunction now = thread_seconds) {
+    std::vector<std::size_t> iterations;
+    for (const auto& work : contenders) iterations.push_back(calibrate(work, batch_seconds, now));
+    std::vector<std::vector<double>> samples(contenders.size());
+    for (std::size_t round = 0; round < rounds; ++round) {
+        for (std::size_t c = 0; c < contenders.size(); ++c) {
+            const double start = now();
+            for (std::size_t i = 0; i < iterations[c]; ++i) contenders[c]();
+            samples[c].push_back((now() - start) * 1e6 / static_cast<double>(iterations[c]));
+        }
+    }
+    std::vector<Timing> timings;
+    for (auto& s : samples) timings.push_back({*std::min_element(s.begin(), s.end()), median(std::move(s))});
+    return timings;
+}
+
+// The median time per call, in µs, of each of `contenders`, measured in alternating batches.
+inline std::vector<double> alternate(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
+                                     double batch_seconds, ClockFunction now = thread_seconds) {
+    std::vector<double> medians;
+    for (const Timing& t : alternate_timings(contenders, rounds, batch_seconds, now)) medians.push_back(t.median_us);
+    return medians;
 }
 
 }  // namespace tapegrad::timing
