@@ -14,13 +14,6 @@
 //
 // Usage: bench_fused [--threads N] [T ...]    (default: T = 1024 4096 16384, threads 1 then 2)
 
-// GCC 12 with -march=native (AVX-512) reports a false -Wmaybe-uninitialized inside its own
-// avx512fintrin.h (_mm256_undefined_pd) when inlining Eigen's GEMV reductions (GCC bug 105593);
-// the benchmarks are the only targets built with -march=native, so it is silenced here only.
-#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
 #include "tapegrad.hpp"
 #include "ops/fused_attention.hpp"
 
