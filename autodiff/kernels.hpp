@@ -1,23 +1,20 @@
 // Dense kernels shared by the ops: matrix products in the three forms the matmul VJPs need
-// (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to Eigen's GEMM
-// (blocked and vectorised, well kept, far faster than a loop we would write); any other scalar
-// (the 50-digit reference type) takes a plain loop ordered for contiguous access. A large
-// float/double product is split by rows of C over the library's threads (autodiff/parallel.hpp);
-// each row of C is computed by one thread as it would be by a single one.
+// (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to the library's
+// compiled GEMM (Eigen's, compiled once per instruction-set level and chosen at run time:
+// autodiff/cpu.hpp); any other scalar (the 50-digit reference type) takes a plain loop ordered
+// for contiguous access. A large float/double product is split by rows of C over the library's
+// threads (autodiff/parallel.hpp); each row of C is computed by one thread as it would be by a
+// single one.
 #pragma once
 
+#include "autodiff/cpu.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tensor.hpp"
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 
 namespace tapegrad::kernels {
-
-enum class Form { ab, abT, aTb };
 
 // Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
 // thread: starting a thread costs tens of microseconds. Each thread gets at least 64 rows of C.
@@ -28,38 +25,19 @@ inline constexpr std::size_t rows_per_thread = 64;
 // ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
 template <Scalar T>
 void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C, bool accumulate) {
-    if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>) {
-        using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-        using ConstMap = Eigen::Map<const Matrix>;
-        const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
-        Eigen::Map<Matrix> c(C, mi, ni);
-        // Rows [first, first + rows) of C: each thread writes its own rows.
-        const auto rows_of_product = [&](Eigen::Index first, Eigen::Index rows) {
-            auto c_rows = c.middleRows(first, rows);
-            const auto product = [&](const auto& expression) {
-                if (accumulate) {
-                    c_rows.noalias() += expression;
-                } else {
-                    c_rows.noalias() = expression;
-                }
-            };
-            switch (form) {
-                case Form::ab: product(ConstMap(A, mi, ki).middleRows(first, rows) * ConstMap(B, ki, ni)); break;
-                case Form::abT: product(ConstMap(A, mi, ki).middleRows(first, rows) * ConstMap(B, ni, ki).transpose()); break;
-                case Form::aTb: product(ConstMap(A, ki, mi).middleCols(first, rows).transpose() * ConstMap(B, ki, ni)); break;
-            }
-        };
+    if constexpr (has_compiled_kernels<T>) {
         const std::size_t workers = m * n * k < parallel_madds
                                         ? 1
                                         : std::min<std::size_t>(thread_count(), std::max<std::size_t>(1, m / rows_per_thread));
         if (workers <= 1) {
-            rows_of_product(0, mi);
+            compiled::gemm_rows(form, m, n, k, A, B, C, accumulate, 0, m);
             return;
         }
+        // Rows [first, first + block) of C: each thread writes its own rows.
         const std::size_t block = (m + workers - 1) / workers;
         parallel_for((m + block - 1) / block, [&](std::size_t w, unsigned) {
             const std::size_t first = w * block;
-            rows_of_product(Eigen::Index(first), Eigen::Index(std::min(block, m - first)));
+            compiled::gemm_rows(form, m, n, k, A, B, C, accumulate, first, std::min(block, m - first));
         });
     } else {
         if (!accumulate) {

@@ -1,6 +1,9 @@
 // bench_attention: times tapegrad against LibTorch on the spec's single-head attention graph
 // (Q, K, V projections from X, scores Q·Kᵀ/√d, softmax, A·V, probe J = Σ O∘G, backward), in
-// double, in the same run, alternating the two so that both see the same machine state. Also
+// double and in float (dtype= on each line), in the same run, alternating the two so that both
+// see the same machine state; best and median of the rounds on each side, the kernels' CPU level
+// (cpu=, autodiff/cpu.hpp) on each line, and the T = 2 graph on a reused tape and on a fresh
+// Tape per step. Built with the library's ordinary flags (no -march=native). Also
 // times the tape's per-node overhead, a 1024³ matmul against a reference GEMM (OpenBLAS when
 // found, else Eigen), the full 50-digit gradient check of attention at T = D = d = 8, and
 // reports peak memory. One line per measurement, `key=value` fields, so the output can be
@@ -15,12 +18,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+#include <Eigen/Core>  // the reference product when OpenBLAS is not found (compiled with this file's flags)
 
 #ifdef TAPEGRAD_HAVE_TORCH
 #include <torch/torch.h>
@@ -37,33 +45,38 @@ namespace {
 using bench::AttentionInputs;
 using bench::make_inputs;
 using bench::random_tensor;
-#ifdef TAPEGRAD_HAVE_TORCH
-using bench::to_torch;
-#endif
-using timing::alternate;
 using timing::ClockFunction;
 using timing::median;
 using timing::thread_seconds;
+using timing::Timing;
 using timing::wall_seconds;
+
+// Best and median per contender (alternating batches; benchmarks/timing.hpp).
+std::vector<Timing> alternate(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
+                              double batch_seconds, ClockFunction now = thread_seconds) {
+    return timing::alternate_timings(contenders, rounds, batch_seconds, now);
+}
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
-// Forward and backward on one reused tape (clear() keeps every node's buffers).
+// Forward and backward in T (double or float), on one reused tape (clear() keeps every node's
+// buffers) or on a fresh Tape per step, as most training loops are written.
+template <Scalar T>
 class TapegradAttention {
 public:
-    explicit TapegradAttention(const AttentionInputs& in) : in_(in) {}
+    TapegradAttention(const AttentionInputs& in, bool fresh_tape)
+        : X_(tensor_cast<T>(in.X)), W_Q_(tensor_cast<T>(in.W_Q)), W_K_(tensor_cast<T>(in.W_K)),
+          W_V_(tensor_cast<T>(in.W_V)), G_(tensor_cast<T>(in.G)), fresh_tape_(fresh_tape) {}
     void run() {
-        tape_.clear();
-        const Var<double> X = tape_.leaf(in_.X, "X");
-        W_Q_ = tape_.leaf(in_.W_Q, "W_Q");
-        const Var<double> W_K = tape_.leaf(in_.W_K, "W_K");
-        const Var<double> W_V = tape_.leaf(in_.W_V, "W_V");
-        const Var<double> G = tape_.constant(in_.G, "G");
-        const AttentionResult<double> r = attention(X, W_Q_, W_K, W_V);
-        const Var<double> J = sum(mul(r.O, G));
-        tape_.backward(J);
+        if (fresh_tape_) {
+            Tape<T> tape;
+            step(tape);
+        } else {
+            tape_.clear();
+            step(tape_);
+        }
     }
-    const Tensor<double>& grad_W_Q() const { return W_Q_.grad(); }
+    const Tensor<T>& grad_W_Q() const { return grad_W_Q_; }
     std::size_t bytes_held() const {
         std::size_t bytes = 0;
         for (std::size_t i = 0; i < tape_.size(); ++i) bytes += tape_.info(i).bytes;
@@ -71,20 +84,41 @@ public:
     }
 
 private:
-    const AttentionInputs& in_;
-    Tape<double> tape_;
-    Var<double> W_Q_;
+    void step(Tape<T>& tape) {
+        const Var<T> X = tape.leaf(X_, "X");
+        const Var<T> W_Q = tape.leaf(W_Q_, "W_Q");
+        const Var<T> W_K = tape.leaf(W_K_, "W_K");
+        const Var<T> W_V = tape.leaf(W_V_, "W_V");
+        const Var<T> G = tape.constant(G_, "G");
+        const AttentionResult<T> r = attention(X, W_Q, W_K, W_V);
+        const Var<T> J = sum(mul(r.O, G));
+        tape.backward(J);
+        if (grad_W_Q_.size() == 0) grad_W_Q_ = W_Q.grad();  // kept once, for the comparison
+    }
+    Tensor<T> X_, W_Q_, W_K_, W_V_, G_;
+    bool fresh_tape_;
+    Tape<T> tape_;
+    Tensor<T> grad_W_Q_;
 };
 
+template <Scalar T>
+constexpr std::string_view dtype_name = std::is_same_v<T, float> ? "float32" : "double";
+
 #ifdef TAPEGRAD_HAVE_TORCH
+template <Scalar T>
+torch::Tensor to_torch(const Tensor<double>& t, bool requires_grad) {
+    return bench::to_torch(t, requires_grad, std::is_same_v<T, float> ? torch::kFloat : torch::kDouble);
+}
+
+template <Scalar T>
 class TorchAttention {
 public:
     TorchAttention(const AttentionInputs& in, std::size_t d)
-        : X_(to_torch(in.X, true)),
-          W_Q_(to_torch(in.W_Q, true)),
-          W_K_(to_torch(in.W_K, true)),
-          W_V_(to_torch(in.W_V, true)),
-          G_(to_torch(in.G, false)),
+        : X_(to_torch<T>(in.X, true)),
+          W_Q_(to_torch<T>(in.W_Q, true)),
+          W_K_(to_torch<T>(in.W_K, true)),
+          W_V_(to_torch<T>(in.W_V, true)),
+          G_(to_torch<T>(in.G, false)),
           scale_(1.0 / std::sqrt(static_cast<double>(d))) {}
     void run() {
         for (torch::Tensor* leaf : {&X_, &W_Q_, &W_K_, &W_V_}) leaf->mutable_grad() = torch::Tensor();  // set_to_none
@@ -97,10 +131,10 @@ public:
         const torch::Tensor J = (O * G_).sum();
         J.backward();
     }
-    Tensor<double> grad_W_Q() const {
+    Tensor<T> grad_W_Q() const {
         const torch::Tensor g = W_Q_.grad().contiguous();
-        Tensor<double> out(Shape{static_cast<std::size_t>(g.size(0)), static_cast<std::size_t>(g.size(1))});
-        std::copy(g.data_ptr<double>(), g.data_ptr<double>() + g.numel(), out.data().begin());
+        Tensor<T> out(Shape{static_cast<std::size_t>(g.size(0)), static_cast<std::size_t>(g.size(1))});
+        std::copy(g.data_ptr<T>(), g.data_ptr<T>() + g.numel(), out.data().begin());
         return out;
     }
 
@@ -112,39 +146,63 @@ private:
 
 // threads = 1: both on this thread, timed by its CPU clock. threads > 1: tapegrad's products and
 // LibTorch's intra-op pool both get that many threads, timed by the wall clock.
-void bench_attention(std::size_t T, std::size_t D, std::size_t d, std::mt19937_64& rng, unsigned threads = 1) {
+template <Scalar T>
+void bench_attention(std::size_t rows, std::size_t D, std::size_t d, std::mt19937_64& rng, unsigned threads = 1,
+                     bool fresh_tape = false) {
     set_threads(threads);
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(static_cast<int>(threads));
 #endif
     const ClockFunction now = threads == 1 ? thread_seconds : wall_seconds;
-    const AttentionInputs inputs = make_inputs(T, D, d, rng);
-    TapegradAttention ours(inputs);
+    const AttentionInputs inputs = make_inputs(rows, D, d, rng);
+    TapegradAttention<T> ours(inputs, fresh_tape);
     // Big graphs take milliseconds per call: fewer, shorter rounds keep the whole run short.
-    const std::size_t rounds = T >= 1024 ? 9 : 15;
-    const double batch = T >= 1024 ? 0.03 : 0.02;
+    const std::size_t rounds = rows >= 1024 ? 9 : 15;
+    const double batch = rows >= 1024 ? 0.03 : 0.02;
+    const std::string line = fmt::format("attention dtype={} T={} D={} d={} tape={} threads={} cpu={}", dtype_name<T>,
+                                         rows, D, d, fresh_tape ? "fresh" : "reused", threads,
+                                         cpu_level_name(cpu_level()));
 #ifdef TAPEGRAD_HAVE_TORCH
-    TorchAttention theirs(inputs, d);
-    const std::vector<double> us = alternate({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
-    // Same graph, same numbers: the gradients must agree to double rounding.
-    const Tensor<double> reference = theirs.grad_W_Q();
+    TorchAttention<T> theirs(inputs, d);
+    const std::vector<Timing> us = alternate({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
+    // Same graph, same numbers: the gradients must agree to rounding. In double 1e-9. In float the
+    // unit-normal inputs give scores of standard deviation about 64 (softmax nearly one-hot), whose
+    // absolute rounding (2^-24 of sums of 64 terms of size ~64) moves the weights by ~1e-3
+    // relative on either side: 0.1 still catches a wrong graph, which misses by O(1).
+    const Tensor<T> reference = theirs.grad_W_Q();
     double worst = 0;
     for (std::size_t k = 0; k < reference.size(); ++k) {
-        worst = std::max(worst, std::abs(reference[k] - ours.grad_W_Q()[k]) / std::max(1.0, std::abs(reference[k])));
+        worst = std::max(worst, double(std::abs(reference[k] - ours.grad_W_Q()[k]) / std::max(T(1), std::abs(reference[k]))));
     }
-    if (worst > 1e-9) fmt::print("WARNING: dW_Q differs from LibTorch's by {:.3g} at T={}\n", worst, T);
-    fmt::print("attention T={} D={} d={} threads={} tapegrad_us={:.3f} libtorch_us={:.3f} ratio={:.4f}\n", T, D, d,
-               threads, us[0], us[1], us[0] / us[1]);
+    if (worst > (std::is_same_v<T, float> ? 1e-1 : 1e-9)) {
+        fmt::print("WARNING: dW_Q differs from LibTorch's by {:.3g} at T={} dtype={}\n", worst, rows, dtype_name<T>);
+    }
+    fmt::print("{} tapegrad_us_best={:.3f} tapegrad_us_median={:.3f} libtorch_us_best={:.3f} libtorch_us_median={:.3f} "
+               "ratio_median={:.4f} ratio_best={:.4f}\n",
+               line, us[0].best_us, us[0].median_us, us[1].best_us, us[1].median_us, us[0].median_us / us[1].median_us,
+               us[0].best_us / us[1].best_us);
 #else
-    const std::vector<double> us = alternate({[&] { ours.run(); }}, rounds, batch, now);
-    fmt::print("attention T={} D={} d={} threads={} tapegrad_us={:.3f} libtorch_us=NA ratio=NA\n", T, D, d, threads,
-               us[0]);
+    const std::vector<Timing> us = alternate({[&] { ours.run(); }}, rounds, batch, now);
+    fmt::print("{} tapegrad_us_best={:.3f} tapegrad_us_median={:.3f} libtorch_us=NA ratio=NA\n", line, us[0].best_us,
+               us[0].median_us);
 #endif
     set_threads(1);
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(1);
 #endif
-    if (T >= 1024 && threads == 1) fmt::print("tape_bytes T={} D={} d={} bytes={}\n", T, D, d, ours.bytes_held());
+    if (rows >= 1024 && threads == 1 && !fresh_tape) {
+        fmt::print("tape_bytes dtype={} T={} D={} d={} bytes={}\n", dtype_name<T>, rows, D, d, ours.bytes_held());
+    }
+}
+
+// The README's table in one precision: T = 2 on a reused and a fresh tape, then 64, 256, 1024.
+template <Scalar T>
+void bench_attention_table(std::mt19937_64& rng, unsigned cores) {
+    bench_attention<T>(2, 2, 2, rng, 1, false);
+    bench_attention<T>(2, 2, 2, rng, 1, true);
+    for (const std::size_t rows : {64, 256, 1024}) bench_attention<T>(rows, 64, 64, rng);
+    bench_attention<T>(1024, 64, 64, rng, 1, true);
+    if (cores > 1) bench_attention<T>(1024, 64, 64, rng, 2);
 }
 
 // A long chain of scales of a one-element tensor: the work per node is one multiply, so the
@@ -168,7 +226,7 @@ void bench_tape_overhead() {
         chain();
         samples.push_back((thread_seconds() - t0) * 1e9 / static_cast<double>(nodes + 1));
     }
-    fmt::print("tape_overhead nodes={} ns_per_node={:.2f}\n", nodes + 1, median(samples));
+    fmt::print("tape_overhead cpu={} nodes={} ns_per_node={:.2f}\n", cpu_level_name(cpu_level()), nodes + 1, median(samples));
 }
 
 void bench_matmul(std::size_t n, std::mt19937_64& rng) {
@@ -189,7 +247,7 @@ void bench_matmul(std::size_t n, std::mt19937_64& rng) {
                     ni, 0.0, C_reference.data().data(), ni);
     };
 #else
-    const char* reference_name = "eigen";
+    const char* reference_name = "eigen-as-compiled-here";
     const auto reference = [&] {
         using M = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
         const auto ni = Eigen::Index(n);
@@ -197,21 +255,28 @@ void bench_matmul(std::size_t n, std::mt19937_64& rng) {
             Eigen::Map<const M>(A.data().data(), ni, ni) * Eigen::Map<const M>(B.data().data(), ni, ni);
     };
 #endif
-    ours();
-    reference();
-    std::vector<double> ours_s, reference_s;
-    for (int round = 0; round < 7; ++round) {
-        double t0 = thread_seconds();
-        ours();
-        ours_s.push_back(thread_seconds() - t0);
-        t0 = thread_seconds();
-        reference();
-        reference_s.push_back(thread_seconds() - t0);
-    }
+    // tapegrad at every level the CPU supports (TAPEGRAD_CPU's level restored after), then the reference.
+    const CpuLevel chosen = cpu_level();
     const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-    const double ours_gflops = flops / median(ours_s) / 1e9, reference_gflops = flops / median(reference_s) / 1e9;
-    fmt::print("matmul n={} tapegrad_gflops={:.1f} reference_gflops={:.1f} ratio={:.3f} reference={}\n", n, ours_gflops,
-               reference_gflops, ours_gflops / reference_gflops, reference_name);
+    const auto gflops_of = [&](const auto& work) {
+        work();
+        std::vector<double> seconds;
+        for (int round = 0; round < 7; ++round) {
+            const double t0 = thread_seconds();
+            work();
+            seconds.push_back(thread_seconds() - t0);
+        }
+        return flops / median(std::move(seconds)) / 1e9;
+    };
+    const double reference_gflops = gflops_of(reference);
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        const double ours_gflops = gflops_of(ours);
+        fmt::print("matmul n={} cpu={} tapegrad_gflops={:.1f} reference_gflops={:.1f} ratio={:.3f} reference={}\n", n,
+                   cpu_level_name(level), ours_gflops, reference_gflops, ours_gflops / reference_gflops,
+                   reference_name);
+    }
+    set_cpu_level(chosen);
 }
 
 // The full 50-digit check of attention over X, W_Q, W_K, W_V (every coordinate, two steps,
@@ -241,7 +306,8 @@ void bench_gradcheck(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 
 }  // namespace
 
-// Arguments select parts ("attention", "overhead", "matmul", "gradcheck"); none runs them all.
+// Arguments select parts ("attention", "attention_float", "overhead", "matmul", "gradcheck"); none
+// runs them all. TAPEGRAD_CPU=baseline|avx2|avx512 forces the kernels' level.
 int main(int argc, char** argv) {
     const std::vector<std::string> parts(argv + 1, argv + argc);
     const auto wanted = [&](const std::string& part) {
@@ -255,16 +321,13 @@ int main(int argc, char** argv) {
 #else
     const int torch_threads = 0;
 #endif
-    fmt::print("environment cores={} OPENBLAS_CORETYPE={} libtorch_threads={} eigen_simd={}\n", cores,
-               coretype ? coretype : "unset", torch_threads, Eigen::SimdInstructionSetsInUse());
+    fmt::print("environment cores={} OPENBLAS_CORETYPE={} libtorch_threads={} cpu={}\n", cores,
+               coretype ? coretype : "unset", torch_threads, cpu_level_name(cpu_level()));
 
     set_threads(1);  // one thread unless a line says otherwise
     std::mt19937_64 rng(20261129);
-    if (wanted("attention")) {
-        bench_attention(2, 2, 2, rng);
-        for (const std::size_t T : {64, 256, 1024}) bench_attention(T, 64, 64, rng);
-        if (cores > 1) bench_attention(1024, 64, 64, rng, 2);
-    }
+    if (wanted("attention")) bench_attention_table<double>(rng, cores);
+    if (wanted("attention_float")) bench_attention_table<float>(rng, cores);
     if (wanted("overhead")) bench_tape_overhead();
     if (wanted("matmul")) bench_matmul(1024, rng);
     // Wall clock here: the checker runs on the library's default threads (every core).

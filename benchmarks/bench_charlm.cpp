@@ -156,8 +156,8 @@ int main() {
 #endif
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-    fmt::print("environment OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} eigen_simd={}\n", coretype ? coretype : "unset",
-               blas_threads ? blas_threads : "unset", Eigen::SimdInstructionSetsInUse());
+    fmt::print("environment OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} cpu={}\n", coretype ? coretype : "unset",
+               blas_threads ? blas_threads : "unset", cpu_level_name(cpu_level()));
 
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();

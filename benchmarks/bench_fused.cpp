@@ -4,7 +4,9 @@
 //   random G = dJ/dO; timed forward + backward, in double, best of a few runs. Each graph runs on
 //   one Tape reused across its runs (cleared between them) after an untimed warm-up run.
 // Prints one line per (T, threads):
-//   fused T=… d=… threads=… fused_us=… composed_us=… libtorch_us=… peak_mib=…
+//   fused T=… d=… threads=… cpu=… fused_us=… fused_median_us=… fused_gflops=… composed_us=… libtorch_us=… peak_mib=…
+// (cpu= the kernels' level, autodiff/cpu.hpp; TAPEGRAD_CPU forces one. GFLOP/s counts the fused
+// op's 7 products of T²·d, 2 flops per multiply-add, on the best wall time.)
 // peak_mib is the heap the fused run needs beyond its inputs (X, W, Q, K, V), its output O and the
 // gradients (dO seed, dQ, dK, dV, dX, dW): the peak of live heap bytes during forward + backward,
 // minus the live bytes before it, minus those tensors' bytes. Live bytes are counted by wrapping
@@ -12,7 +14,8 @@
 // GEMM blocks and everything else are included; thread stacks (mmap by pthreads) are not.
 // The composed graphs are skipped for T > 4096 (each T×T matrix is then 2 GiB or more: "na").
 //
-// Usage: bench_fused [--threads N] [T ...]    (default: T = 1024 4096 16384, threads 1 then 2)
+// Usage: bench_fused [--threads N] [--fused-only] [T ...]
+//   (default: T = 1024 4096 16384, threads 1 then 2; --fused-only skips the composed graphs)
 
 #include "tapegrad.hpp"
 #include "ops/fused_attention.hpp"
@@ -124,20 +127,25 @@ double cpu_us() {
     return double(t.tv_sec) * 1e6 + double(t.tv_nsec) / 1e3;
 }
 
-// Best wall time and best CPU time of `runs` calls, in microseconds. On a shared machine the
-// wall time includes waiting for a core; with one thread the CPU time is the work itself.
+// Best wall time, best CPU time and median wall time of `runs` calls, in microseconds. On a
+// shared machine the wall time includes waiting for a core; with one thread the CPU time is the
+// work itself.
 struct Timing {
-    double wall_us = 1e300, cpu_us = 1e300;
+    double wall_us = 1e300, cpu_us = 1e300, median_wall_us = 0;
 };
 Timing best_of(int runs, const std::function<void()>& run) {
     Timing best;
+    std::vector<double> walls;
     for (int k = 0; k < runs; ++k) {
         const auto start = Clock::now();
         const double cpu_start = cpu_us();
         run();
         best.cpu_us = std::min(best.cpu_us, cpu_us() - cpu_start);
-        best.wall_us = std::min(best.wall_us, std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        walls.push_back(std::chrono::duration<double, std::micro>(Clock::now() - start).count());
+        best.wall_us = std::min(best.wall_us, walls.back());
     }
+    std::sort(walls.begin(), walls.end());
+    best.median_wall_us = walls[walls.size() / 2];
     return best;
 }
 
@@ -206,9 +214,12 @@ double libtorch_run(const BenchInputs& in) {
 int main(int argc, char** argv) {
     std::vector<std::size_t> sizes;
     std::vector<unsigned> thread_counts;
+    bool fused_only = false;
     for (int a = 1; a < argc; ++a) {
         const std::string arg = argv[a];
-        if (arg == "--threads" && a + 1 < argc) {
+        if (arg == "--fused-only") {
+            fused_only = true;
+        } else if (arg == "--threads" && a + 1 < argc) {
             thread_counts.push_back(static_cast<unsigned>(std::stoul(argv[++a])));
         } else {
             sizes.push_back(std::stoul(arg));
@@ -219,8 +230,7 @@ int main(int argc, char** argv) {
     const std::size_t d = 64;
     fmt::print("# fused attention benchmark: D = d = r = {}, double, forward + backward, best of runs\n", d);
     for (const unsigned threads : thread_counts) {
-        set_threads(threads);    // the fused op's tiles and tapegrad's products (composed graph) alike;
-        Eigen::setNbThreads(1);  // Eigen's own threading stays off
+        set_threads(threads);  // the fused op's tiles and tapegrad's products (composed graph) alike
 #ifdef TAPEGRAD_HAVE_TORCH
         torch::set_num_threads(static_cast<int>(threads));
 #endif
@@ -238,7 +248,7 @@ int main(int argc, char** argv) {
             fused_run(fused_tape, in, false);
             const Timing fused = best_of(runs, [&] { fused_run(fused_tape, in, false); });
             std::string composed = "na", libtorch = "na", composed_cpu = "na", libtorch_cpu = "na";
-            if (T <= 4096) {
+            if (T <= 4096 && !fused_only) {
                 Tape<double> composed_tape;
                 composed_run(composed_tape, in);  // warm-up
                 const Timing c = best_of(runs, [&] { composed_run(composed_tape, in); });
@@ -252,10 +262,15 @@ int main(int argc, char** argv) {
 #endif
             }
             // Wall times first (the format), then CPU times of the same runs.
-            fmt::print("fused T={} d={} threads={} fused_us={:.0f} composed_us={} libtorch_us={} peak_mib={:.2f} "
-                       "fused_cpu_us={:.0f} composed_cpu_us={} libtorch_cpu_us={}\n",
-                       T, d, threads, fused.wall_us, composed, libtorch, extra / (1024.0 * 1024.0), fused.cpu_us,
-                       composed_cpu, libtorch_cpu);
+            const double flops = 7.0 * 2.0 * double(T) * double(T) * double(d);
+            // GFLOP/s on the best wall time, and on the best CPU time (the work itself when one
+            // thread runs on a shared machine).
+            fmt::print("fused T={} d={} threads={} cpu={} fused_us={:.0f} fused_median_us={:.0f} fused_gflops={:.1f} "
+                       "composed_us={} libtorch_us={} peak_mib={:.2f} fused_cpu_us={:.0f} fused_cpu_gflops={:.1f} "
+                       "composed_cpu_us={} libtorch_cpu_us={}\n",
+                       T, d, threads, cpu_level_name(cpu_level()), fused.wall_us, fused.median_wall_us,
+                       flops / fused.wall_us / 1e3, composed, libtorch, extra / (1024.0 * 1024.0), fused.cpu_us,
+                       flops / fused.cpu_us / 1e3, composed_cpu, libtorch_cpu);
             std::fflush(stdout);
         }
     }

@@ -30,12 +30,12 @@ inline AttentionInputs make_inputs(std::size_t T, std::size_t D, std::size_t d, 
 }
 
 #ifdef TAPEGRAD_HAVE_TORCH
-// A LibTorch copy of a matrix, in double.
-inline torch::Tensor to_torch(const Tensor<double>& t, bool requires_grad) {
+// A LibTorch copy of a matrix, in double unless `dtype` says otherwise (float32 for the float runs).
+inline torch::Tensor to_torch(const Tensor<double>& t, bool requires_grad, torch::ScalarType dtype = torch::kDouble) {
     const auto options = torch::TensorOptions().dtype(torch::kDouble);
     torch::Tensor copy = torch::from_blob(const_cast<double*>(t.data().data()),
                                           {static_cast<long>(t.rows()), static_cast<long>(t.cols())}, options)
-                             .clone();
+                             .to(dtype, false, true);
     return copy.requires_grad_(requires_grad);
 }
 #endif

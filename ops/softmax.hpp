@@ -18,7 +18,6 @@
 #include <array>
 #include <cstddef>
 #include <limits>
-#include <type_traits>
 
 namespace tapegrad {
 
@@ -46,7 +45,7 @@ struct Softmax {
             for (std::size_t j = 0; j < n; ++j) weights[j] = T(0);
             return;
         }
-        if constexpr (std::is_floating_point_v<T>) {
+        if constexpr (has_compiled_kernels<T>) {
             fast::softmax_row_vectorised(scores, n, row_max, weights);  // same formula, vectorised
         } else {
             T total(0);

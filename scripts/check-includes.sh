@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks that includes between the library's folders run one way only (ARCHITECTURE.md):
 #   autodiff/ includes only autodiff/;  io/ only autodiff/ and io/;  check/ only autodiff/, io/, check/;
-#   ops/ only autodiff/ and ops/;  models/ only autodiff/, ops/ and models/ (never check/ or io/).
+#   ops/ only autodiff/ and ops/;  models/ only autodiff/, ops/ and models/ (never check/ or io/);
+#   src/ (the compiled kernels) only autodiff/ and src/.
 # Prints each include that breaks a rule; exits 1 if there is one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +13,11 @@ allowed() {  # allowed FOLDER -> regex of the folders its project includes may n
     check) echo '^(autodiff|io|check)/' ;;
     ops) echo '^(autodiff|ops)/' ;;
     models) echo '^(autodiff|ops|models)/' ;;
+    src) echo '^(autodiff|src)/' ;;
   esac
 }
 broken=0
-for folder in autodiff io check ops models; do
+for folder in autodiff io check ops models src; do
   rule="$(allowed "$folder")"
   while IFS= read -r line; do
     file="${line%%:*}"
@@ -24,7 +26,7 @@ for folder in autodiff io check ops models; do
       echo "$file includes $target: $folder/ may include only ${rule}"
       broken=1
     fi
-  done < <(grep -rn '#include "' "$folder" --include='*.hpp' || true)
+  done < <(grep -rn '#include "' "$folder" --include='*.hpp' --include='*.cpp' || true)
 done
-if [ "$broken" -eq 0 ]; then echo "includes run one way: autodiff <- io <- check; autodiff <- ops <- models"; fi
+if [ "$broken" -eq 0 ]; then echo "includes run one way: autodiff <- io <- check; autodiff <- ops <- models; autodiff <- src"; fi
 exit "$broken"

@@ -1,35 +1,29 @@
 // Row kernels of the fused attention op (ops/fused_attention.hpp), here only for speed: the
 // elementwise work on a tile row (exp above all) would otherwise cost as much as the tile products.
-// float and double go through Eigen's vectorised arrays; any other scalar (the 50-digit reference
+// float and double go to the library's compiled kernels (Eigen's vectorised arrays, compiled per
+// instruction-set level: autodiff/cpu.hpp); any other scalar (the 50-digit reference
 // type) takes a plain loop with the ADL functions of its own precision.
 // INVARIANT: each kernel computes the same expression per element as its plain loop and as the
 // composed graph's ops, so the vectorised results equal the generic ones to rounding (Eigen's exp
 // is within an ulp or two of std::exp; sums may be added in a different order).
 #pragma once
 
+#include "autodiff/cpu.hpp"
 #include "autodiff/tensor.hpp"
-
-#include <Eigen/Core>
 
 #include <algorithm>
 #include <cstddef>
-#include <type_traits>
 
 namespace tapegrad::fused_detail {
 
 template <Scalar T>
-inline constexpr bool vectorised = std::is_same_v<T, double> || std::is_same_v<T, float>;
-template <Scalar T>
-using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <Scalar T>
-using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+inline constexpr bool vectorised = has_compiled_kernels<T>;
 
 // x[k] = exp(x[k] − shift) for k < n.
 template <Scalar T>
 void exp_shifted(T* x, std::size_t n, const T& shift) {
     if constexpr (vectorised<T>) {
-        ArrayMap<T> a(x, Eigen::Index(n));
-        a = (a - shift).exp();
+        compiled::exp_shifted(x, n, shift);
     } else {
         using std::exp;
         for (std::size_t k = 0; k < n; ++k) x[k] = exp(T(x[k] - shift));
@@ -40,9 +34,7 @@ void exp_shifted(T* x, std::size_t n, const T& shift) {
 template <Scalar T>
 std::size_t scale_checked(T* x, std::size_t n, const T& c) {
     if constexpr (vectorised<T>) {
-        ArrayMap<T> a(x, Eigen::Index(n));
-        a *= c;
-        if (a.isFinite().all()) return n;
+        if (compiled::scale_row(x, n, c)) return n;
     } else {
         for (std::size_t k = 0; k < n; ++k) x[k] = T(c * x[k]);
     }
@@ -55,7 +47,7 @@ std::size_t scale_checked(T* x, std::size_t n, const T& c) {
 template <Scalar T>
 T max_of(const T* x, std::size_t n, const T& start) {
     if constexpr (vectorised<T>) {
-        return n == 0 ? start : std::max(start, ConstArrayMap<T>(x, Eigen::Index(n)).maxCoeff());
+        return n == 0 ? start : std::max(start, compiled::max_of(x, n));
     } else {
         T best = start;
         for (std::size_t k = 0; k < n; ++k) best = std::max(best, x[k]);
@@ -67,7 +59,7 @@ T max_of(const T* x, std::size_t n, const T& start) {
 template <Scalar T>
 T sum_of(const T* x, std::size_t n) {
     if constexpr (vectorised<T>) {
-        return ConstArrayMap<T>(x, Eigen::Index(n)).sum();
+        return compiled::sum_of(x, n);
     } else {
         T total(0);
         for (std::size_t k = 0; k < n; ++k) total += x[k];
@@ -79,8 +71,7 @@ T sum_of(const T* x, std::size_t n) {
 template <Scalar T>
 void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T& c) {
     if constexpr (vectorised<T>) {
-        ArrayMap<T> a(p, Eigen::Index(n));
-        a = c * (a * (ConstArrayMap<T>(dp, Eigen::Index(n)) - mean));
+        compiled::score_gradient_row(p, dp, n, mean, c);
     } else {
         for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
     }

@@ -1,4 +1,5 @@
-// Speed only: softmax's vectorised row for float/double and its replay update (the `update` hook
+// Speed only: softmax's vectorised row for float/double (compiled in the library per instruction-set
+// level, autodiff/cpu.hpp) and its replay update (the `update` hook
 // of autodiff/op.hpp), kept out of ops/softmax.hpp so that the op file reads as its formula,
 // forward and VJP.
 // Invariant (autodiff/op.hpp): both give what the generic row in Softmax::normalise_row gives, to
@@ -6,9 +7,8 @@
 // hold the double row to the 50-digit one).
 #pragma once
 
+#include "autodiff/cpu.hpp"
 #include "autodiff/op.hpp"
-
-#include <Eigen/Core>
 
 #include <algorithm>
 #include <array>
@@ -18,18 +18,11 @@
 namespace tapegrad::fast {
 
 // weights = exp(scores − row_max) / Σ exp(scores − row_max) for one row of n finite-or-−inf scores
-// in float/double: Eigen's vectorised exp (within an ulp or two of std::exp, several times
-// faster). Eigen clamps −inf to a tiny number, so hidden positions are set to exactly 0 before
-// the division.
+// in float/double: Eigen's vectorised exp in the compiled kernels (within an ulp or two of
+// std::exp, several times faster); hidden positions get exactly 0.
 template <class T>
 void softmax_row_vectorised(const T* scores, std::size_t n, const T& row_max, T* weights) {
-    using Row = Eigen::Array<T, 1, Eigen::Dynamic>;
-    const Eigen::Map<const Row> s(scores, Eigen::Index(n));
-    Eigen::Map<Row> w(weights, Eigen::Index(n));
-    w = (s - row_max).exp();
-    for (std::size_t j = 0; j < n; ++j)
-        if (scores[j] == -std::numeric_limits<T>::infinity()) weights[j] = T(0);
-    w /= w.sum();
+    compiled::softmax_row(scores, n, row_max, weights);
 }
 
 // Replay of one row after its scores moved (the checker perturbs one coordinate by h ≤ 1e-14 at

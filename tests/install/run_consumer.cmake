@@ -23,7 +23,7 @@ else()
   foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/autodiff/tape.hpp include/tapegrad/autodiff/op.hpp
                include/tapegrad/check/gradcheck.hpp include/tapegrad/io/npy.hpp include/tapegrad/ops/softmax.hpp
                include/tapegrad/ops/fast/softmax_rows.hpp include/tapegrad/models/multihead.hpp
-               lib/cmake/tapegrad/tapegradConfig.cmake lib/cmake/tapegrad/tapegradConfigVersion.cmake)
+               lib/libtapegrad.a lib/cmake/tapegrad/tapegradConfig.cmake lib/cmake/tapegrad/tapegradConfigVersion.cmake)
     if(NOT EXISTS ${prefix}/${file})
       message(FATAL_ERROR "cmake --install did not install ${file}")
     endif()

@@ -1,0 +1,156 @@
+// The float/double kernels, written once with Eigen and compiled once per instruction-set level:
+// each src/cpu/level_<name>.cpp includes this file and is compiled with that level's flags.
+// Everything here has internal linkage (anonymous namespace) and the Eigen templates it
+// instantiates are localised in each level's object by the build (CMakeLists.txt), so each level
+// runs its own code. Included by those files only.
+// REPRODUCIBLE: a result never depends on where a buffer lies in memory. Eigen, given an unaligned
+// buffer, computes the elements before the first aligned address with its scalar path (std::exp,
+// a sum in another order, a dot product for a tiny product), whose rounding differs from the
+// packet path's; with 32- and 64-byte packets malloc's 16-byte alignment no longer fixes that
+// split. So elementwise exp goes through an aligned block, sums are added in a fixed order, and
+// tiny products (where Eigen would take its coefficient-wise path) are plain loops.
+#pragma once
+
+#include "src/cpu/kernel_table.hpp"
+
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <limits>
+
+namespace tapegrad::cpu_detail {
+namespace {
+
+// Products with k + rows + n below this go through small_product (Eigen's own threshold for its
+// coefficient-wise path, EIGEN_GEMM_TO_COEFFBASED_THRESHOLD): below it the blocked GEMM's set-up
+// costs more than the product.
+constexpr std::size_t small_product_size = 20;
+
+// Rows [first, first + rows) of C (+)= op(A)·op(B) by plain loops, each C entry summed over p in
+// order (no reassociation, so the same bits wherever the buffers lie).
+template <class T>
+void small_product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+                   bool accumulate, std::size_t first, std::size_t rows) {
+    for (std::size_t i = first; i < first + rows; ++i)
+        for (std::size_t j = 0; j < n; ++j) {
+            T dot = 0;
+            for (std::size_t p = 0; p < k; ++p) {
+                const T a = form == kernels::Form::aTb ? A[p * m + i] : A[i * k + p];
+                const T b = form == kernels::Form::abT ? B[j * k + p] : B[p * n + j];
+                dot += a * b;
+            }
+            C[i * n + j] = accumulate ? C[i * n + j] + dot : dot;
+        }
+}
+
+// Rows [first, first + rows) of C (m×n) = op(A)·op(B) or += (row-major buffers):
+// ab: A is m×k, B is k×n.  abT: A is m×k, B is n×k.  aTb: A is k×m, B is k×n.
+template <class T>
+void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+               bool accumulate, std::size_t first, std::size_t rows) {
+    if (k + rows + n < small_product_size) {
+        small_product(form, m, n, k, A, B, C, accumulate, first, rows);
+        return;
+    }
+    using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    using ConstMap = Eigen::Map<const Matrix>;
+    const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
+    const auto f = Eigen::Index(first), r = Eigen::Index(rows);
+    auto c_rows = Eigen::Map<Matrix>(C, mi, ni).middleRows(f, r);
+    const auto product = [&](const auto& expression) {
+        if (accumulate) {
+            c_rows.noalias() += expression;
+        } else {
+            c_rows.noalias() = expression;
+        }
+    };
+    switch (form) {
+        case kernels::Form::ab: product(ConstMap(A, mi, ki).middleRows(f, r) * ConstMap(B, ki, ni)); break;
+        case kernels::Form::abT: product(ConstMap(A, mi, ki).middleRows(f, r) * ConstMap(B, ni, ki).transpose()); break;
+        case kernels::Form::aTb: product(ConstMap(A, ki, mi).middleCols(f, r).transpose() * ConstMap(B, ki, ni)); break;
+    }
+}
+
+// Σ x[0..n) added in one fixed order: 16 running sums (x[j] goes to sum j mod 16; the compiler
+// vectorises them at every level's width), then combined pairwise.
+template <class T>
+T sum_in_fixed_order(const T* x, std::size_t n) {
+    constexpr std::size_t lanes = 16;
+    std::array<T, lanes> partial{};
+    std::size_t j = 0;
+    for (; j + lanes <= n; j += lanes)
+        for (std::size_t l = 0; l < lanes; ++l) partial[l] += x[j + l];
+    for (std::size_t l = 0; j < n; ++j, ++l) partial[l] += x[j];
+    for (std::size_t width = lanes / 2; width > 0; width /= 2)
+        for (std::size_t l = 0; l < width; ++l) partial[l] += partial[l + width];
+    return partial[0];
+}
+
+// x[k] = exp(x[k] − shift), each element through Eigen's packet exp: blocks of 64 are copied into
+// an aligned buffer (its tail padded with zeros), so no element takes the scalar path.
+template <class T>
+void exp_shifted(T* x, std::size_t n, T shift) {
+    constexpr std::size_t block = 64;
+    alignas(64) std::array<T, block> buffer;
+    for (std::size_t start = 0; start < n; start += block) {
+        const std::size_t count = std::min(block, n - start);
+        std::copy_n(x + start, count, buffer.begin());
+        std::fill(buffer.begin() + count, buffer.end(), shift);
+        Eigen::Map<Eigen::Array<T, block, 1>, Eigen::Aligned64> a(buffer.data());
+        a = (a - shift).exp();
+        std::copy_n(buffer.begin(), count, x + start);
+    }
+}
+
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// Eigen's vectorised exp is within an ulp or two of std::exp. It clamps −inf to a tiny number,
+// so hidden positions are set to exactly 0 before the division.
+template <class T>
+void softmax_row(const T* scores, std::size_t n, T row_max, T* weights) {
+    std::copy_n(scores, n, weights);
+    exp_shifted(weights, n, row_max);
+    for (std::size_t j = 0; j < n; ++j)
+        if (scores[j] == -std::numeric_limits<T>::infinity()) weights[j] = T(0);
+    const T total = sum_in_fixed_order(weights, n);
+    for (std::size_t j = 0; j < n; ++j) weights[j] /= total;
+}
+
+template <class T>
+bool scale_row(T* x, std::size_t n, T c) {
+    ArrayMap<T> a(x, Eigen::Index(n));
+    a *= c;
+    return a.isFinite().all();
+}
+
+template <class T>
+T max_of(const T* x, std::size_t n) {
+    return ConstArrayMap<T>(x, Eigen::Index(n)).maxCoeff();
+}
+
+template <class T>
+T sum_of(const T* x, std::size_t n) {
+    return sum_in_fixed_order(x, n);
+}
+
+template <class T>
+void score_gradient_row(T* p, const T* dp, std::size_t n, T mean, T c) {
+    ArrayMap<T> a(p, Eigen::Index(n));
+    a = c * (a * (ConstArrayMap<T>(dp, Eigen::Index(n)) - mean));
+}
+
+template <class T>
+constexpr KernelsFor<T> kernels_for() {
+    return {&gemm_rows<T>, &softmax_row<T>, &exp_shifted<T>, &scale_row<T>, &max_of<T>, &sum_of<T>, &score_gradient_row<T>};
+}
+
+// The table this level's file exports.
+constexpr KernelTable table_for(CpuLevel level) { return {level, kernels_for<double>(), kernels_for<float>()}; }
+
+}  // namespace
+}  // namespace tapegrad::cpu_detail

@@ -1,0 +1,230 @@
+// The compiled kernels at every instruction-set level this machine supports (autodiff/cpu.hpp):
+// the level API (report, force, refuse), and the results of every level held to a higher-precision
+// reference within a bound derived before the run: the three product forms in double and float,
+// the softmax rows, and attention (composed and fused, values and gradients) against 50 digits.
+// CTest also runs the kernel tests under TAPEGRAD_CPU=<level> (tests/CMakeLists.txt), and
+// tests/check_cpu_levels.cmake checks on the binaries that the levels are separate code.
+#define BOOST_TEST_MODULE cpu_levels
+#include "support.hpp"
+
+#include <cmath>
+#include <limits>
+
+using namespace tapegrad;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+// Restores the level chosen at start-up when a test case ends.
+struct RestoreLevel {
+    CpuLevel saved = cpu_level();
+    ~RestoreLevel() { set_cpu_level(saved); }
+};
+
+// C = op(A)·op(B) at the active level, for row-major buffers of the Form's shapes.
+template <class T>
+std::vector<T> product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const std::vector<T>& A,
+                       const std::vector<T>& B) {
+    std::vector<T> C(m * n);
+    kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false);
+    return C;
+}
+
+// Worst ratio |C − C_ref| / (γ_k (|A|·|B|)) over the entries, with γ_k = k·u / (1 − k·u) (u the
+// unit roundoff of T): the classical bound on a k-term dot product in T, whatever the order of
+// summation or the use of FMA. A correct kernel at any level gives ≤ 1; the reference is the
+// generic loop in long double, whose own error (k·2^-64 relative) is far below the bound.
+template <class T>
+double bound_ratio(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const std::vector<T>& A,
+                   const std::vector<T>& B, const std::vector<T>& C) {
+    const std::vector<long double> A_long(A.begin(), A.end()), B_long(B.begin(), B.end());
+    std::vector<long double> A_abs(A_long), B_abs(B_long);
+    for (long double& x : A_abs) x = std::abs(x);
+    for (long double& x : B_abs) x = std::abs(x);
+    const std::vector<long double> reference = product(form, m, n, k, A_long, B_long);
+    const std::vector<long double> magnitude = product(form, m, n, k, A_abs, B_abs);
+    const long double u = std::numeric_limits<T>::epsilon() / 2, gamma = k * u / (1 - k * u);
+    double worst = 0;
+    for (std::size_t x = 0; x < m * n; ++x)
+        worst = std::max(worst, double(std::abs(C[x] - reference[x]) / (gamma * magnitude[x])));
+    return worst;
+}
+
+template <class T>
+void check_products_at_every_level() {
+    const RestoreLevel restore;
+    constexpr std::size_t m = 37, n = 29, k = 70;  // not multiples of any vector width
+    std::mt19937_64 rng(10);
+    const Tensor<double> A_values = random_tensor({m * k}, rng), B_values = random_tensor({k * n}, rng);
+    const std::vector<T> A(A_values.data().begin(), A_values.data().end());
+    const std::vector<T> B(B_values.data().begin(), B_values.data().end());
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
+                BOOST_TEST(bound_ratio(form, m, n, k, A, B, product(form, m, n, k, A, B)) <= 1.0);
+            }
+        }
+    }
+}
+
+// Largest |a − b| / max(1, |b|) between a T tensor and its 50-digit reference.
+template <class T>
+double mixed_error(const Tensor<T>& a, const Tensor<mp50>& reference) {
+    double worst = 0;
+    for (std::size_t x = 0; x < a.size(); ++x) {
+        const double r = to_double(reference[x]);
+        worst = std::max(worst, std::abs(double(a[x]) - r) / std::max(1.0, std::abs(r)));
+    }
+    return worst;
+}
+
+// Output and input gradients of attention on a T tape (composed graph, or the fused op).
+template <Scalar T>
+std::vector<Tensor<T>> attention_results(const std::array<Tensor<double>, 3>& qkv, bool fused) {
+    Tape<T> tape;
+    const Var<T> Q = tape.leaf(tensor_cast<T>(qkv[0]), "Q"), K = tape.leaf(tensor_cast<T>(qkv[1]), "K"),
+                 V = tape.leaf(tensor_cast<T>(qkv[2]), "V");
+    const Var<T> O = fused ? fused_attention(Q, K, V, false, 0) : attention_from_qkv(Q, K, V).O;
+    tape.backward(testing::probe(O));
+    return {O.value(), Q.grad(), K.grad(), V.grad()};
+}
+
+// Attention at T = 80 (several fused tiles, rows longer than any vector), d = 16, at every level
+// against 50 digits. Thresholds: each value is a chain of at most 6 stages (products with k ≤ 80,
+// softmax rows, their VJPs), each stage adding at most k·u relative to values of order 1:
+// 6·80·u = 5.3e-14 in double and 2.9e-5 in float; 1e-12 and 1e-4 leave room for Eigen's exp
+// (a few ulps) and the gradient's sums. A kernel with any wrong element misses by O(1e-2) or more.
+template <Scalar T>
+void check_attention_at_every_level(double threshold) {
+    const RestoreLevel restore;
+    std::mt19937_64 rng(11);
+    const std::array<Tensor<double>, 3> qkv{random_tensor({80, 16}, rng), random_tensor({80, 16}, rng),
+                                            random_tensor({80, 16}, rng)};
+    for (const bool fused : {false, true}) {
+        const std::vector<Tensor<mp50>> reference = attention_results<mp50>(qkv, fused);
+        for (const CpuLevel level : available_cpu_levels()) {
+            set_cpu_level(level);
+            const std::vector<Tensor<T>> results = attention_results<T>(qkv, fused);
+            for (std::size_t r = 0; r < results.size(); ++r) {
+                BOOST_TEST_CONTEXT(cpu_level_name(level) << (fused ? " fused" : " composed") << ", result " << r) {
+                    BOOST_TEST(mixed_error(results[r], reference[r]) <= threshold);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(levels_are_reported_forced_and_refused) {
+    const RestoreLevel restore;
+    const std::vector<CpuLevel> levels = available_cpu_levels();
+    BOOST_TEST_REQUIRE(!levels.empty());
+    BOOST_TEST((levels.front() == CpuLevel::baseline));
+    BOOST_TEST((std::ranges::find(levels, cpu_level()) != levels.end()));
+    BOOST_TEST_MESSAGE("active level: " << cpu_level_name(cpu_level()) << ", available: " << levels.size());
+    for (const CpuLevel level : all_cpu_levels) {
+        if (cpu_level_available(level)) {
+            set_cpu_level(level);
+            BOOST_TEST((cpu_level() == level));
+        } else {
+            BOOST_CHECK_EXCEPTION(set_cpu_level(level), value_error, [&](const value_error& e) {
+                return std::string(e.what()).find(cpu_level_name(level)) != std::string::npos;
+            });
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(products_are_within_the_rounding_bound_at_every_level) {
+    check_products_at_every_level<double>();
+    check_products_at_every_level<float>();
+}
+
+// Fault control: the bound rejects a product that is wrong by one term (the last multiply-add of
+// one entry dropped), so the test above can fail.
+BOOST_AUTO_TEST_CASE(the_rounding_bound_rejects_a_product_missing_one_term) {
+    constexpr std::size_t m = 5, n = 4, k = 70;
+    std::mt19937_64 rng(12);
+    const Tensor<double> A_values = random_tensor({m * k}, rng), B_values = random_tensor({k * n}, rng);
+    const std::vector<double> A(A_values.data().begin(), A_values.data().end());
+    const std::vector<double> B(B_values.data().begin(), B_values.data().end());
+    std::vector<double> C = product(kernels::Form::ab, m, n, k, A, B);
+    C[0] -= A[k - 1] * B[(k - 1) * n];
+    BOOST_TEST(bound_ratio(kernels::Form::ab, m, n, k, A, B, C) > 1.0);
+}
+
+BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
+    const RestoreLevel restore;
+    std::mt19937_64 rng(13);
+    Tensor<double> S = random_tensor({3, 37}, rng, 5.0);
+    S[5] = S[40] = -std::numeric_limits<double>::infinity();  // hidden positions: exactly 0
+    Tape<mp50> reference_tape;
+    const Tensor<mp50> reference = softmax(reference_tape.leaf(tensor_cast<mp50>(S))).value();
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        Tape<double> tape;
+        const Tensor<double> A = softmax(tape.leaf(S)).value();
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            BOOST_TEST(A[5] == 0.0);
+            BOOST_TEST(A[40] == 0.0);
+            // n = 37 exps (a few ulps each) and one sum of 37 terms: ≤ 37·u + 4u ≈ 1e-14.
+            BOOST_TEST(mixed_error(A, reference) <= 1e-14);
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(attention_agrees_with_50_digits_at_every_level_double) {
+    check_attention_at_every_level<double>(1e-12);
+}
+
+BOOST_AUTO_TEST_CASE(attention_agrees_with_50_digits_at_every_level_float) {
+    check_attention_at_every_level<float>(1e-4);
+}
+
+// Each kernel gives the same bits wherever its buffers lie (src/cpu/level_kernels.hpp,
+// REPRODUCIBLE): the same data at 8 different offsets from a 64-byte boundary, at every level.
+// Without it, equal computations on two tapes (tests/test_fused_attention.cpp, gradients requested
+// in part) differ in the last bit at the AVX levels.
+template <class T>
+void check_offsets_at_every_level() {
+    const RestoreLevel restore;
+    std::mt19937_64 rng(14);
+    const Tensor<double> values = random_tensor({2000}, rng, 3.0);
+    // The data at `offset` elements into a fresh buffer.
+    const auto placed = [&](std::size_t offset, std::size_t n) {
+        std::vector<T> buffer(offset + n);
+        std::copy_n(values.data().begin(), n, buffer.begin() + std::ptrdiff_t(offset));
+        return buffer;
+    };
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        std::vector<std::vector<T>> results(8);
+        for (std::size_t offset = 0; offset < results.size(); ++offset) {
+            std::vector<T>& r = results[offset];
+            const std::vector<T> scores = placed(offset, 301);
+            std::vector<T> weights(offset + 301);
+            compiled::softmax_row(scores.data() + offset, 301, T(3), weights.data() + offset);
+            r.assign(weights.begin() + std::ptrdiff_t(offset), weights.end());
+            r.push_back(compiled::sum_of(scores.data() + offset, 301));
+            // A tiny product (plain loops) and one through the blocked GEMM.
+            for (const std::size_t size : {5, 40}) {
+                const std::vector<T> A = placed(offset, size * size);
+                std::vector<T> C(offset + size * size);
+                kernels::gemm(kernels::Form::ab, size, size, size, A.data() + offset, A.data() + offset,
+                              C.data() + offset, false);
+                r.insert(r.end(), C.begin() + std::ptrdiff_t(offset), C.end());
+            }
+        }
+        for (std::size_t offset = 1; offset < results.size(); ++offset) {
+            BOOST_TEST_CONTEXT(cpu_level_name(level) << ", offset " << offset) {
+                BOOST_TEST((results[offset] == results[0]));
+            }
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(results_do_not_depend_on_where_buffers_lie) {
+    check_offsets_at_every_level<double>();
+    check_offsets_at_every_level<float>();
+}
