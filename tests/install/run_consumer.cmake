@@ -9,7 +9,8 @@
 #   pkgconfig      compiles and links the consumer with plain g++ and pkg-config's flags for the
 #                  installed tapegrad.pc, and runs it; a .pc with a wrong -L must fail to link.
 # Arguments (-D): MODE, TAPEGRAD_BINARY_DIR, TAPEGRAD_SOURCE_DIR, WORK_DIR, CXX_COMPILER, LIBDIR
-# (CMAKE_INSTALL_LIBDIR), VERSION, SOVERSION, PKG_CONFIG (pkgconfig mode).
+# (CMAKE_INSTALL_LIBDIR), VERSION, SOVERSION, PKG_CONFIG (pkgconfig mode), SANITIZE (the build
+# tree is the sanitizer build: its libraries are instrumented, so consumers link the sanitizers).
 cmake_minimum_required(VERSION 3.20)
 include(${CMAKE_CURRENT_LIST_DIR}/consumer_checks.cmake)
 
@@ -18,6 +19,11 @@ file(MAKE_DIRECTORY ${WORK_DIR})
 # No run-time search path in the consumers: the tests say where libtapegrad.so is (LD_LIBRARY_PATH).
 set(consumer_args -S ${TAPEGRAD_SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
                   -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_SKIP_BUILD_RPATH=ON)
+set(consumer_link_flags "")
+if(SANITIZE)
+  set(consumer_link_flags -fsanitize=address,undefined)
+  list(APPEND consumer_args -DCMAKE_EXE_LINKER_FLAGS=${consumer_link_flags})
+endif()
 
 # Installs the two components the packages hold (not the tools) into `prefix` and checks the files.
 function(install_library prefix)
