@@ -1,50 +1,78 @@
-# Script for the consumer tests (cmake -P): installs tapegrad into a fresh prefix (MODE=install)
-# or points at the source tree (MODE=subdirectory), configures, builds and runs tests/consumer.
-# MODE=wrong_version asks find_package for a version the package must refuse.
-# Arguments (-D): MODE, TAPEGRAD_BINARY_DIR, TAPEGRAD_SOURCE_DIR, WORK_DIR, CXX_COMPILER.
+# Script for the consumer tests (cmake -P), by MODE:
+#   install        installs tapegrad's runtime and dev components into a fresh prefix, builds
+#                  tests/consumer there with find_package, and runs it linked both ways
+#                  (static library; shared library, checked with readelf and ldd);
+#   subdirectory   builds tests/consumer with add_subdirectory on the source tree;
+#   wrong_version  asks find_package for a version the package must refuse;
+#   deb            makes the Debian packages with cpack, checks their fields, unpacks them
+#                  (dpkg-deb -x) and builds and runs the consumer with CMAKE_PREFIX_PATH=<dir>/usr;
+#   pkgconfig      compiles and links the consumer with plain g++ and pkg-config's flags for the
+#                  installed tapegrad.pc, and runs it; a .pc with a wrong -L must fail to link.
+# Arguments (-D): MODE, TAPEGRAD_BINARY_DIR, TAPEGRAD_SOURCE_DIR, WORK_DIR, CXX_COMPILER, LIBDIR
+# (CMAKE_INSTALL_LIBDIR), VERSION, SOVERSION, PKG_CONFIG (pkgconfig mode), SANITIZE (the build
+# tree is the sanitizer build: its libraries are instrumented, so consumers link the sanitizers).
 cmake_minimum_required(VERSION 3.20)
-
-function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "command failed (${result}): ${ARGN}\n${out}\n${err}")
-  endif()
-  set(last_output "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/consumer_checks.cmake)
 
 file(REMOVE_RECURSE ${WORK_DIR})
-set(prefix ${WORK_DIR}/prefix)
+file(MAKE_DIRECTORY ${WORK_DIR})
+# No run-time search path in the consumers: the tests say where libtapegrad.so is (LD_LIBRARY_PATH).
 set(consumer_args -S ${TAPEGRAD_SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=Release
-                  -DCMAKE_CXX_COMPILER=${CXX_COMPILER})
-if(MODE STREQUAL "subdirectory")
-  list(APPEND consumer_args -DTAPEGRAD_SOURCE_DIR=${TAPEGRAD_SOURCE_DIR})
-else()
-  run(${CMAKE_COMMAND} --install ${TAPEGRAD_BINARY_DIR} --prefix ${prefix})
+                  -DCMAKE_CXX_COMPILER=${CXX_COMPILER} -DCMAKE_SKIP_BUILD_RPATH=ON)
+set(consumer_link_flags "")
+if(SANITIZE)
+  set(consumer_link_flags -fsanitize=address,undefined)
+  list(APPEND consumer_args -DCMAKE_EXE_LINKER_FLAGS=${consumer_link_flags})
+endif()
+
+# Installs the two components the packages hold (not the tools) into `prefix` and checks the files.
+function(install_library prefix)
+  foreach(component runtime dev)
+    run(${CMAKE_COMMAND} --install ${TAPEGRAD_BINARY_DIR} --prefix ${prefix} --component ${component})
+  endforeach()
+  require_files(${prefix})
+endfunction()
+
+function(require_files prefix)
   foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/autodiff/tape.hpp include/tapegrad/autodiff/op.hpp
                include/tapegrad/check/gradcheck.hpp include/tapegrad/io/npy.hpp include/tapegrad/ops/softmax.hpp
                include/tapegrad/ops/fast/softmax_rows.hpp include/tapegrad/models/multihead.hpp
-               lib/libtapegrad.a lib/cmake/tapegrad/tapegradConfig.cmake lib/cmake/tapegrad/tapegradConfigVersion.cmake)
+               ${LIBDIR}/libtapegrad.a ${LIBDIR}/libtapegrad.so ${LIBDIR}/libtapegrad.so.${SOVERSION}
+               ${LIBDIR}/libtapegrad.so.${VERSION} ${LIBDIR}/pkgconfig/tapegrad.pc
+               ${LIBDIR}/cmake/tapegrad/tapegradConfig.cmake ${LIBDIR}/cmake/tapegrad/tapegradConfigVersion.cmake)
     if(NOT EXISTS ${prefix}/${file})
-      message(FATAL_ERROR "cmake --install did not install ${file}")
+      message(FATAL_ERROR "${file} is missing under ${prefix}")
     endif()
   endforeach()
-  list(APPEND consumer_args -DCMAKE_PREFIX_PATH=${prefix})
-endif()
+endfunction()
 
-if(MODE STREQUAL "wrong_version")
-  execute_process(COMMAND ${CMAKE_COMMAND} ${consumer_args} -DTAPEGRAD_REQUIRED_VERSION=1.0
+# Configures, builds and checks tests/consumer against the tapegrad found under `prefix`.
+function(build_and_check_consumers prefix)
+  run(${CMAKE_COMMAND} ${consumer_args} -DCMAKE_PREFIX_PATH=${prefix})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+  check_consumers(${WORK_DIR}/build ${prefix}/${LIBDIR})
+endfunction()
+
+if(MODE STREQUAL "subdirectory")
+  run(${CMAKE_COMMAND} ${consumer_args} -DTAPEGRAD_SOURCE_DIR=${TAPEGRAD_SOURCE_DIR})
+  run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+  check_consumers(${WORK_DIR}/build ${WORK_DIR}/build/tapegrad)
+elseif(MODE STREQUAL "install")
+  install_library(${WORK_DIR}/prefix)
+  build_and_check_consumers(${WORK_DIR}/prefix)
+elseif(MODE STREQUAL "wrong_version")
+  install_library(${WORK_DIR}/prefix)
+  execute_process(COMMAND ${CMAKE_COMMAND} ${consumer_args} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix
+                          -DTAPEGRAD_REQUIRED_VERSION=1.0
                   RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(result EQUAL 0 OR NOT err MATCHES "compatible with requested version")
     message(FATAL_ERROR "find_package(tapegrad 1.0) should be refused by the version file:\n${out}\n${err}")
   endif()
   message(STATUS "find_package(tapegrad 1.0) refused, as it should be")
-  return()
-endif()
-
-run(${CMAKE_COMMAND} ${consumer_args})
-run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
-run(${WORK_DIR}/build/consumer)
-message(STATUS "${last_output}")
-if(NOT last_output MATCHES "tapegrad consumer: J = ")
-  message(FATAL_ERROR "the consumer printed something unexpected: ${last_output}")
+elseif(MODE STREQUAL "deb")
+  include(${CMAKE_CURRENT_LIST_DIR}/deb_mode.cmake)
+elseif(MODE STREQUAL "pkgconfig")
+  include(${CMAKE_CURRENT_LIST_DIR}/pkgconfig_mode.cmake)
+else()
+  message(FATAL_ERROR "unknown MODE '${MODE}'")
 endif()

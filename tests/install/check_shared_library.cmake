@@ -1,0 +1,71 @@
+# Checks the built shared library (cmake -P; run by CTest): its soname is libtapegrad.so.<SOVERSION>,
+# and its dynamic symbol table exports the entry points of autodiff/cpu.hpp and nothing outside
+# namespace tapegrad: no per-level table getter (tapegrad_kernels_<level>), no weak copy of an
+# inline function (fmt's, the standard library's, tapegrad's own), which a program would otherwise
+# bind to by accident (cmake/libtapegrad.map keeps them local).
+# Arguments (-D): LIBRARY (the .so), SOVERSION, NM, READELF. Fault control: with UNFILTERED_FROM
+# set to libtapegrad.a, the script first links that archive into a shared library of the same
+# soname without the version script, and checks that one instead, which must be rejected.
+cmake_minimum_required(VERSION 3.20)
+
+function(output_of variable)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT result EQUAL 0)
+    message(FATAL_ERROR "command failed (${result}): ${ARGN}\n${err}")
+  endif()
+  set(${variable} "${out}" PARENT_SCOPE)
+endfunction()
+
+if(UNFILTERED_FROM)
+  set(LIBRARY ${WORK_DIR}/libtapegrad-unfiltered.so)
+  file(MAKE_DIRECTORY ${WORK_DIR})
+  output_of(ignored ${CXX_COMPILER} -shared -Wl,-soname,libtapegrad.so.${SOVERSION} -o ${LIBRARY}
+            -Wl,--whole-archive ${UNFILTERED_FROM} -Wl,--no-whole-archive -lfmt -pthread)
+endif()
+
+output_of(dynamic ${READELF} -d ${LIBRARY})
+if(NOT dynamic MATCHES "\\(SONAME\\)[^\n]*\\[libtapegrad\\.so\\.${SOVERSION}\\]")
+  message(FATAL_ERROR "${LIBRARY}: the soname should be libtapegrad.so.${SOVERSION}:\n${dynamic}")
+endif()
+
+# One line per defined dynamic symbol: "<address> <type> <demangled name>".
+output_of(symbols ${NM} -D --defined-only -C ${LIBRARY})
+string(REGEX REPLACE "\n$" "" symbols "${symbols}")
+string(REPLACE ";" "\\;" symbols "${symbols}")
+string(REPLACE "\n" ";" symbols "${symbols}")
+set(outside "")
+set(weak "")
+foreach(line IN LISTS symbols)
+  string(REGEX REPLACE "^[0-9a-f]* *([A-Za-z]) (.*)$" "\\1;\\2" fields "${line}")
+  list(GET fields 0 type)
+  list(GET fields 1 name)
+  if(NOT name MATCHES "^tapegrad::")
+    list(APPEND outside "${name}")
+  elseif(type MATCHES "^[WVw]$")
+    list(APPEND weak "${name}")
+  endif()
+endforeach()
+list(LENGTH outside outside_count)
+list(LENGTH weak weak_count)
+if(outside_count GREATER 0 OR weak_count GREATER 0)
+  list(SUBLIST outside 0 10 outside_some)
+  message(FATAL_ERROR "${LIBRARY} exports ${outside_count} symbols outside namespace tapegrad "
+                      "(${outside_some} ...) and ${weak_count} weak copies of inline functions (${weak})")
+endif()
+
+# The entry points of autodiff/cpu.hpp, each defined (T) in the library.
+foreach(entry "tapegrad::cpu_level()" "tapegrad::cpu_level_available(tapegrad::CpuLevel)"
+              "tapegrad::available_cpu_levels()" "tapegrad::set_cpu_level(tapegrad::CpuLevel)"
+              "tapegrad::compiled::gemm_rows(tapegrad::kernels::Form, unsigned long, unsigned long, unsigned long, double const*"
+              "tapegrad::compiled::gemm_rows(tapegrad::kernels::Form, unsigned long, unsigned long, unsigned long, float const*"
+              "tapegrad::compiled::softmax_row(double" "tapegrad::compiled::softmax_row(float"
+              "tapegrad::compiled::exp_shifted(double" "tapegrad::compiled::scale_row(float"
+              "tapegrad::compiled::max_of(double" "tapegrad::compiled::sum_of(float"
+              "tapegrad::compiled::score_gradient_row(double")
+  string(FIND "${symbols}" " T ${entry}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${LIBRARY} does not export ${entry}")
+  endif()
+endforeach()
+list(LENGTH symbols count)
+message(STATUS "${LIBRARY}: soname libtapegrad.so.${SOVERSION}, ${count} symbols exported, all in namespace tapegrad")
