@@ -9,7 +9,7 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get update -qq
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
   g++ cmake make libboost-dev libboost-test-dev libboost-program-options-dev libfmt-dev libeigen3-dev \
-  libboost-mpi-dev openmpi-bin python3-torch python3-numpy fortunes gnuplot-nox >/dev/null
+  libboost-mpi-dev openmpi-bin python3-torch python3-numpy fortunes gnuplot-nox dpkg-dev pkgconf >/dev/null
 # libboost-mpi-dev, openmpi-bin: the distributed check and data-parallel training (TAPEGRAD_WITH_MPI);
 # python3-torch, python3-numpy: the PyTorch cross-check (tests/torch); fortunes: the char-LM's
 # corpus (examples/train_charlm, its CTest runs); gnuplot-nox: its curve picture (optional at run time).
