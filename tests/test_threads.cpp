@@ -37,6 +37,16 @@ std::size_t thread_serial() {
     return serial;
 }
 
+// Items 0 and 1 of a call wait for each other (up to 10 s): the thread that took item 0 holds it
+// until another thread has taken item 1, so a call that can use two threads does, however loaded
+// the machine (no sleeps to tune). A call confined to one thread runs them one after the other.
+void meet_partner(std::size_t item, std::atomic<int>& arrived) {
+    if (item >= 2) return;
+    ++arrived;
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20us);
+}
+
 // Fault control for the reuse check: the previous parallel_for, which started its threads anew
 // for every call (kept here only to prove the check below tells the two apart).
 template <class Work>
@@ -50,17 +60,18 @@ void parallel_for_spawning_threads(std::size_t count, const Work& work, unsigned
     run(0);
 }
 
-// The distinct threads that ran items over `calls` calls of `loop(count, work, threads)`. Each
-// item sleeps briefly, so a call lasts long enough for every thread it asks for to take part.
+// The distinct threads that ran items over `calls` calls of `loop(count, work, threads)`; at least
+// two threads take part in each call (meet_partner).
 template <class Loop>
 std::size_t distinct_threads_over_calls(const Loop& loop, unsigned threads, int calls) {
     std::mutex mutex;
     std::set<std::size_t> seen;
     for (int call = 0; call < calls; ++call) {
+        std::atomic<int> arrived{0};
         loop(
             8,
-            [&](std::size_t, unsigned) {
-                std::this_thread::sleep_for(200us);
+            [&](std::size_t item, unsigned) {
+                meet_partner(item, arrived);
                 const std::lock_guard lock(mutex);
                 seen.insert(thread_serial());
             },
@@ -85,28 +96,32 @@ BOOST_AUTO_TEST_CASE(workers_are_started_once_and_reused) {
         // 2 then 3 were asked for, the pool holds 2 workers (grown once, by one).
         BOOST_TEST(used <= threads, "threads " << threads << ": " << used << " distinct threads ran items");
     }
-    // Fault control: threads started per call are new threads (whenever one gets to an item
-    // before the caller has taken them all), so the same check fails for them.
+    // Fault control: threads started per call are new threads, so the same check fails for them.
     const std::size_t spawned = distinct_threads_over_calls(spawning, 2, 40);
     BOOST_TEST(!(spawned <= 2u), spawned << " distinct threads ran items");
+    BOOST_TEST(spawned == 41u);
 }
 
 BOOST_AUTO_TEST_CASE(the_first_exception_reaches_the_caller_and_stops_the_hand_out) {
     const ThreadsSetting two(2);
-    // Thrown on the caller's thread (item 10 is the caller's or a worker's, whichever takes it).
-    constexpr std::size_t count = 1'000'000;
+    // Item 10 throws (on whichever thread takes it). Items from 100 on take 1 ms each: without
+    // the stop they would all run (10 s); with it only those started before the failure was
+    // recorded do, a few unless the failing thread is descheduled for most of a second.
+    constexpr std::size_t count = 10'000;
     std::atomic<std::size_t> ran{0};
     BOOST_CHECK_EXCEPTION(parallel_for(count,
                                        [&](std::size_t item, unsigned) {
                                            ++ran;
                                            if (item == 10) throw value_error("item 10 failed");
+                                           if (item >= 100) std::this_thread::sleep_for(1ms);
                                        }),
                           value_error, [](const value_error& e) { return std::string(e.what()) == "item 10 failed"; });
-    BOOST_TEST(ran.load() < count / 2, ran.load() << " of " << count << " items ran after the failure");
-    // Thrown on a worker: items sleep, so the worker surely joins before the caller finishes.
+    BOOST_TEST(ran.load() < 1000u, ran.load() << " of " << count << " items ran after the failure");
+    // Thrown on a worker (items 0 and 1 are on two threads: meet_partner).
+    std::atomic<int> arrived{0};
     BOOST_CHECK_EXCEPTION(parallel_for(2000,
-                                       [](std::size_t, unsigned thread) {
-                                           std::this_thread::sleep_for(100us);
+                                       [&](std::size_t item, unsigned thread) {
+                                           meet_partner(item, arrived);
                                            if (thread != 0) throw std::range_error("a worker's item failed");
                                        }),
                           std::range_error, [](const std::range_error&) { return true; });
@@ -134,14 +149,17 @@ BOOST_AUTO_TEST_CASE(a_parallel_for_inside_an_item_runs_inline) {
 }
 
 BOOST_AUTO_TEST_CASE(the_threads_setting_and_max_threads_are_obeyed) {
-    const auto threads_in_call = [](std::size_t count, unsigned max_threads) {
+    // The thread indices a call used; `two_or_more`: items 0 and 1 wait for each other.
+    const auto threads_in_call = [](std::size_t count, unsigned max_threads, bool two_or_more) {
         std::mutex mutex;
         std::set<std::thread::id> ids;
         std::set<unsigned> indices;
+        std::atomic<int> arrived{two_or_more ? 0 : 2};  // 2: nobody waits for a partner
         parallel_for(
             count,
-            [&](std::size_t, unsigned thread) {
-                std::this_thread::sleep_for(100us);
+            [&](std::size_t item, unsigned thread) {
+                meet_partner(item, arrived);
+                std::this_thread::sleep_for(50us);
                 const std::lock_guard lock(mutex);
                 ids.insert(std::this_thread::get_id());
                 indices.insert(thread);
@@ -153,16 +171,18 @@ BOOST_AUTO_TEST_CASE(the_threads_setting_and_max_threads_are_obeyed) {
     {
         const ThreadsSetting one(1);
         BOOST_TEST(thread_count() == 1u);
-        BOOST_TEST((threads_in_call(50, 0) == std::set<unsigned>{0}));
-        BOOST_TEST(threads_in_call(50, 3).size() <= 3u);  // max_threads overrides the setting
+        BOOST_TEST((threads_in_call(50, 0, false) == std::set<unsigned>{0}));
+        const std::set<unsigned> overridden = threads_in_call(50, 3, true);  // max_threads overrides the setting
+        BOOST_TEST(overridden.size() >= 2u);
+        BOOST_TEST(*overridden.rbegin() < 3u);
     }
     {
         const ThreadsSetting four(4);
         BOOST_TEST(thread_count() == 4u);
-        const std::set<unsigned> indices = threads_in_call(200, 0);
+        const std::set<unsigned> indices = threads_in_call(200, 0, true);
         BOOST_TEST(indices.size() >= 2u);
         BOOST_TEST(*indices.rbegin() < 4u);
-        BOOST_TEST((threads_in_call(3, 0).size() <= 3u));  // never more threads than items
+        BOOST_TEST((*threads_in_call(3, 0, true).rbegin() < 3u));  // never more threads than items
     }
     BOOST_TEST(thread_count() == std::max(1u, std::thread::hardware_concurrency()));
 }
