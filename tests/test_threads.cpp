@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -79,6 +80,21 @@ std::size_t distinct_threads_over_calls(const Loop& loop, unsigned threads, int 
     }
     return seen.size();
 }
+
+// Exit: this object is built before the pool's first use, so it is destroyed after the pool. A
+// parallel_for in its destructor must still run every item (on the calling thread) and must not
+// touch the stopped pool; Boost.Test has finished by then, so a wrong sum aborts (a failed test).
+struct ParallelForAtExit {
+    ParallelForAtExit() = default;
+    ParallelForAtExit(const ParallelForAtExit&) = delete;
+    ParallelForAtExit& operator=(const ParallelForAtExit&) = delete;
+    ~ParallelForAtExit() {
+        std::atomic<std::size_t> sum{0};
+        parallel_for(100, [&](std::size_t item, unsigned) { sum += item; }, 2);
+        if (sum.load() != 4950) std::abort();
+    }
+};
+const ParallelForAtExit parallel_for_at_exit;
 
 }  // namespace
 
