@@ -132,7 +132,7 @@ BOOST_AUTO_TEST_CASE(the_first_exception_reaches_the_caller_and_stops_the_hand_o
                                            if (item >= 100) std::this_thread::sleep_for(1ms);
                                        }),
                           value_error, [](const value_error& e) { return std::string(e.what()) == "item 10 failed"; });
-    BOOST_TEST(ran.load() < 1000u, ran.load() << " of " << count << " items ran after the failure");
+    BOOST_TEST(ran.load() < 1000u, ran.load() << " of " << count << " items ran: the hand-out went on after the failure");
     // Thrown on a worker (items 0 and 1 are on two threads: meet_partner).
     std::atomic<int> arrived{0};
     BOOST_CHECK_EXCEPTION(parallel_for(2000,
