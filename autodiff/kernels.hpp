@@ -17,7 +17,9 @@
 namespace tapegrad::kernels {
 
 // Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
-// thread: starting a thread costs tens of microseconds. Each thread gets at least 64 rows of C.
+// thread. Set when every parallel_for started its threads (tens of microseconds); the pool now
+// wakes a sleeping worker in a few (autodiff/parallel.hpp), so a lower threshold may pay: not yet
+// re-measured. Each thread gets at least 64 rows of C.
 inline constexpr std::size_t parallel_madds = std::size_t{1} << 23;
 inline constexpr std::size_t rows_per_thread = 64;
 

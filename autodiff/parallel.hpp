@@ -6,69 +6,66 @@
 // The first exception thrown by any item stops the hand-out and is rethrown on the calling thread.
 // A parallel_for started from inside another one's item runs its items on the calling thread:
 // the outer loop already occupies the cores, and nesting would only oversubscribe them.
+//
+// The threads are a pool inside the compiled library (src/parallel.cpp): created at the first
+// call that needs them, grown when a call asks for more, asleep (not spinning) between calls, so
+// a call costs a wake-up rather than a thread start, and idle workers take no core from other
+// processes or tapes. Several user threads may call parallel_for at once (independent tapes): one
+// call at a time has the pool, and a call that finds it taken runs its items on its own thread.
+// This header stays light: the template only wraps `work` in a pointer and a callback (no copy,
+// no allocation) and hands it to the library.
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <cstddef>
-#include <exception>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <memory>
 
 namespace tapegrad {
 
-namespace detail {
-inline std::atomic<unsigned>& threads_setting() {
-    static std::atomic<unsigned> threads{0};
-    return threads;
-}
-inline bool& inside_parallel_for() {
-    thread_local bool inside = false;
-    return inside;
-}
-}  // namespace detail
-
 // Threads tapegrad may use; 0 (the default) means one per hardware thread. Results do not depend
 // on it (see each user's comment for why), only the time does.
-inline void set_threads(unsigned threads) { detail::threads_setting() = threads; }
+void set_threads(unsigned threads);
 
 // The threads a parallel_for started now would use (at least 1).
-inline unsigned thread_count() {
-    const unsigned setting = detail::threads_setting().load();
-    return setting != 0 ? setting : std::max(1u, std::thread::hardware_concurrency());
-}
+unsigned thread_count();
+
+namespace detail {
+
+// A borrowed reference to a caller's `work(item, thread)`: valid for the duration of one
+// parallel_for call, which is all the pool needs (it never keeps it past the call).
+class WorkRef {
+public:
+    template <class Work>
+    explicit WorkRef(const Work& work)
+        : object_(std::addressof(work)), call_([](const void* object, std::size_t item, unsigned thread) {
+              (*static_cast<const Work*>(object))(item, thread);
+          }) {}
+    void operator()(std::size_t item, unsigned thread) const { call_(object_, item, thread); }
+
+private:
+    const void* object_;
+    void (*call_)(const void*, std::size_t, unsigned);
+};
+
+// The threads a loop of `count` items started here would use: 1 inside another parallel_for's
+// item (nesting runs inline), else min(count, max_threads or the setting).
+unsigned threads_for(std::size_t count, unsigned max_threads);
+
+// Runs every item on up to `threads` threads (the caller's among them) from the pool, or all on
+// the caller when another call holds the pool; rethrows the first item's exception.
+void run_on_pool(std::size_t count, WorkRef work, unsigned threads);
+
+}  // namespace detail
 
 // Runs work(item, thread) for every item in [0, count), on at most `max_threads` threads (0: the
 // setting above); `thread` in [0, threads) tells an item which per-thread scratch space is its own.
 template <class Work>
 void parallel_for(std::size_t count, const Work& work, unsigned max_threads = 0) {
-    unsigned threads = max_threads != 0 ? max_threads : thread_count();
-    threads = static_cast<unsigned>(std::min<std::size_t>(threads, count));
-    if (threads <= 1 || detail::inside_parallel_for()) {
+    const unsigned threads = detail::threads_for(count, max_threads);
+    if (threads <= 1) {
         for (std::size_t item = 0; item < count; ++item) work(item, 0u);
         return;
     }
-    std::atomic<std::size_t> next{0};
-    std::exception_ptr failure;
-    std::mutex failure_mutex;
-    const auto run = [&](unsigned thread) {
-        detail::inside_parallel_for() = true;
-        try {
-            for (std::size_t item; (item = next++) < count;) work(item, thread);
-        } catch (...) {
-            const std::lock_guard lock(failure_mutex);
-            if (!failure) failure = std::current_exception();
-            next = count;
-        }
-        detail::inside_parallel_for() = false;
-    };
-    {
-        std::vector<std::jthread> pool;
-        for (unsigned t = 1; t < threads; ++t) pool.emplace_back(run, t);
-        run(0);
-    }
-    if (failure) std::rethrow_exception(failure);
+    detail::run_on_pool(count, detail::WorkRef(work), threads);
 }
 
 }  // namespace tapegrad

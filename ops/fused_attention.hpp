@@ -51,7 +51,6 @@
 #include <cstdint>
 #include <limits>
 #include <span>
-#include <thread>
 #include <vector>
 
 namespace tapegrad {
@@ -130,7 +129,8 @@ struct Dims {
     auto head(Values& x, std::size_t b) const {
         return x.data().data() + b * (x.size() / batch);
     }
-    // Small work (under 1e6 multiply-adds) stays on one thread: starting threads costs ~20 µs.
+    // Small work (under 1e6 multiply-adds) stays on one thread: set when starting threads cost
+    // ~20 µs a call; waking the pool's workers costs a few µs (not yet re-measured here).
     // 0 lets parallel_for use the library's threads setting.
     unsigned max_threads() const {
         const double madds = double(batch) * double(Tq) * double(Tk) * double(d + r);
@@ -246,17 +246,31 @@ void score_gradient(const Dims<T>& dims, const T* dO, const T* V, const T* D, st
     }
 }
 
+// A turn's top bit: an item failed, so no item waits for its turn any more (stop_turns).
+inline constexpr std::size_t turn_failed = std::size_t{1} << (std::numeric_limits<std::size_t>::digits - 1);
+
 // Runs `add` once `turn` reaches `mine` (every earlier key tile has added its term), then passes
-// the turn on. Returns false, adding nothing, when another item failed while this one waited.
+// the turn on. The wait sleeps (std::atomic::wait) rather than spins: with more threads than
+// cores, a spinning waiter would hold the core the item it waits for needs. Returns false, adding
+// nothing, when another item failed while this one waited.
 template <class Add>
-bool add_in_turn(std::atomic<std::size_t>& turn, std::size_t mine, const std::atomic<bool>& failed, const Add& add) {
-    while (turn.load(std::memory_order_acquire) != mine) {
-        if (failed.load()) return false;  // that item's error is rethrown by parallel_for
-        std::this_thread::yield();
+bool add_in_turn(std::atomic<std::size_t>& turn, std::size_t mine, const Add& add) {
+    for (std::size_t now = turn.load(std::memory_order_acquire); now != mine; now = turn.load(std::memory_order_acquire)) {
+        if ((now & turn_failed) != 0) return false;  // that item's error is rethrown by parallel_for
+        turn.wait(now, std::memory_order_acquire);
     }
     add();
-    turn.store(mine + 1, std::memory_order_release);
+    turn.fetch_add(1, std::memory_order_release);  // an addition, so a turn_failed set meanwhile stays
+    turn.notify_all();
     return true;
+}
+
+// After an item failed: wakes every item waiting for a turn, and keeps any from waiting again.
+inline void stop_turns(std::span<std::atomic<std::size_t>> turns) {
+    for (std::atomic<std::size_t>& turn : turns) {
+        turn.fetch_or(turn_failed, std::memory_order_release);
+        turn.notify_all();
+    }
 }
 
 }  // namespace fused_detail
@@ -297,7 +311,6 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
     const std::size_t tiles = dims.key_tiles(), query_tiles = dims.query_tiles();
     // ticket[b·query_tiles + it]: the key tile whose dQ term query tile it takes next.
     std::vector<std::atomic<std::size_t>> ticket(dQ != nullptr ? dims.batch * query_tiles : 0);
-    std::atomic<bool> failed{false};
     const auto key_tile = [&](std::size_t b, std::size_t jt) {
         const std::size_t j0 = jt * dims.tile_k, bk = std::min(dims.tile_k, dims.Tk - j0);
         const T *const Q = dims.head(*at.in[0], b), *const K = dims.head(*at.in[1], b);
@@ -320,7 +333,7 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
                 kernels::gemm(kernels::Form::ab, bq, dims.d, bk, P.data(), K + j0 * dims.d,
                               dims.head(*dQ, b) + i0 * dims.d, true);
             };
-            if (!fused_detail::add_in_turn(ticket[b * query_tiles + i0 / dims.tile_q], jt, failed, add_dQ)) return;
+            if (!fused_detail::add_in_turn(ticket[b * query_tiles + i0 / dims.tile_q], jt, add_dQ)) return;
         }
     };
     parallel_for(
@@ -329,7 +342,7 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
             try {
                 key_tile(item / tiles, item % tiles);
             } catch (...) {
-                failed = true;
+                fused_detail::stop_turns(ticket);
                 throw;
             }
         },

@@ -1,0 +1,299 @@
+// The thread pool behind parallel_for (autodiff/parallel.hpp, src/parallel.cpp): workers are
+// reused across calls (a variant that starts threads per call is rejected by the same check),
+// the first exception reaches the caller and stops the hand-out, nested calls run inline, the
+// threads setting is obeyed, several user threads may call parallel_for at once, the fused op's
+// in-order dQ turns sleep and can be called off; and independent tapes recorded and
+// differentiated on several threads at once give bit for bit the results of one after the other.
+// Also built under ThreadSanitizer (.ci/run).
+#define BOOST_TEST_MODULE threads
+#include "support.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+using namespace tapegrad;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Puts the threads setting back to the default (every core) when a test ends, even by a failure.
+struct ThreadsSetting {
+    explicit ThreadsSetting(unsigned threads) { set_threads(threads); }
+    ~ThreadsSetting() { set_threads(0); }
+    ThreadsSetting(const ThreadsSetting&) = delete;
+    ThreadsSetting& operator=(const ThreadsSetting&) = delete;
+};
+
+// A number for the calling thread, new for every thread ever started. (std::thread::id will not
+// do: the C library reuses a finished thread's stack, and with it the id, for the next thread.)
+std::size_t thread_serial() {
+    static std::atomic<std::size_t> next{0};
+    thread_local const std::size_t serial = next++;
+    return serial;
+}
+
+// Items 0 and 1 of a call wait for each other (up to 10 s): the thread that took item 0 holds it
+// until another thread has taken item 1, so a call that can use two threads does, however loaded
+// the machine (no sleeps to tune). A call confined to one thread runs them one after the other.
+void meet_partner(std::size_t item, std::atomic<int>& arrived) {
+    if (item >= 2) return;
+    ++arrived;
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < give_up) std::this_thread::sleep_for(20us);
+}
+
+// Fault control for the reuse check: the previous parallel_for, which started its threads anew
+// for every call (kept here only to prove the check below tells the two apart).
+template <class Work>
+void parallel_for_spawning_threads(std::size_t count, const Work& work, unsigned threads) {
+    std::atomic<std::size_t> next{0};
+    const auto run = [&](unsigned thread) {
+        for (std::size_t item; (item = next++) < count;) work(item, thread);
+    };
+    std::vector<std::jthread> started;
+    for (unsigned t = 1; t < threads; ++t) started.emplace_back(run, t);
+    run(0);
+}
+
+// The distinct threads that ran items over `calls` calls of `loop(count, work, threads)`; at least
+// two threads take part in each call (meet_partner).
+template <class Loop>
+std::size_t distinct_threads_over_calls(const Loop& loop, unsigned threads, int calls) {
+    std::mutex mutex;
+    std::set<std::size_t> seen;
+    for (int call = 0; call < calls; ++call) {
+        std::atomic<int> arrived{0};
+        loop(
+            8,
+            [&](std::size_t item, unsigned) {
+                meet_partner(item, arrived);
+                const std::lock_guard lock(mutex);
+                seen.insert(thread_serial());
+            },
+            threads);
+    }
+    return seen.size();
+}
+
+// Exit: this object is built before the pool's first use, so it is destroyed after the pool. A
+// parallel_for in its destructor must still run every item (on the calling thread) and must not
+// touch the stopped pool; Boost.Test has finished by then, so a wrong sum aborts (a failed test).
+struct ParallelForAtExit {
+    ParallelForAtExit() = default;
+    ParallelForAtExit(const ParallelForAtExit&) = delete;
+    ParallelForAtExit& operator=(const ParallelForAtExit&) = delete;
+    ~ParallelForAtExit() {
+        std::atomic<std::size_t> sum{0};
+        parallel_for(100, [&](std::size_t item, unsigned) { sum += item; }, 2);
+        if (sum.load() != 4950) std::abort();
+    }
+};
+const ParallelForAtExit parallel_for_at_exit;
+
+}  // namespace
+
+// First in the file: the pool's size is then what this test asks for (a pool grown larger by an
+// earlier test could hand a call's one seat to a different worker each time).
+BOOST_AUTO_TEST_CASE(workers_are_started_once_and_reused) {
+    const auto pooled = [](std::size_t count, const auto& work, unsigned threads) { parallel_for(count, work, threads); };
+    const auto spawning = [](std::size_t count, const auto& work, unsigned threads) {
+        parallel_for_spawning_threads(count, work, threads);
+    };
+    for (const unsigned threads : {2u, 3u}) {
+        const std::size_t used = distinct_threads_over_calls(pooled, threads, 40);
+        BOOST_TEST(used >= 2u, "the workers took no part (threads " << threads << ")");
+        // The caller plus the workers, however many calls: no thread is started per call. After
+        // 2 then 3 were asked for, the pool holds 2 workers (grown once, by one).
+        BOOST_TEST(used <= threads, "threads " << threads << ": " << used << " distinct threads ran items");
+    }
+    // Fault control: threads started per call are new threads, so the same check fails for them.
+    const std::size_t spawned = distinct_threads_over_calls(spawning, 2, 40);
+    BOOST_TEST(!(spawned <= 2u), spawned << " distinct threads ran items");
+    BOOST_TEST(spawned == 41u);
+}
+
+BOOST_AUTO_TEST_CASE(the_first_exception_reaches_the_caller_and_stops_the_hand_out) {
+    const ThreadsSetting two(2);
+    // Item 10 throws (on whichever thread takes it). Items from 100 on take 1 ms each: without
+    // the stop they would all run (10 s); with it only those started before the failure was
+    // recorded do, a few unless the failing thread is descheduled for most of a second.
+    constexpr std::size_t count = 10'000;
+    std::atomic<std::size_t> ran{0};
+    BOOST_CHECK_EXCEPTION(parallel_for(count,
+                                       [&](std::size_t item, unsigned) {
+                                           ++ran;
+                                           if (item == 10) throw value_error("item 10 failed");
+                                           if (item >= 100) std::this_thread::sleep_for(1ms);
+                                       }),
+                          value_error, [](const value_error& e) { return std::string(e.what()) == "item 10 failed"; });
+    BOOST_TEST(ran.load() < 1000u, ran.load() << " of " << count << " items ran: the hand-out went on after the failure");
+    // Thrown on a worker (items 0 and 1 are on two threads: meet_partner).
+    std::atomic<int> arrived{0};
+    BOOST_CHECK_EXCEPTION(parallel_for(2000,
+                                       [&](std::size_t item, unsigned thread) {
+                                           meet_partner(item, arrived);
+                                           if (thread != 0) throw std::range_error("a worker's item failed");
+                                       }),
+                          std::range_error, [](const std::range_error&) { return true; });
+    // The pool is usable after a failure.
+    std::atomic<std::size_t> sum{0};
+    parallel_for(1000, [&](std::size_t item, unsigned) { sum += item; });
+    BOOST_TEST(sum.load() == 1000u * 999u / 2);
+}
+
+BOOST_AUTO_TEST_CASE(a_parallel_for_inside_an_item_runs_inline) {
+    const ThreadsSetting two(2);
+    std::atomic<bool> all_inline{true};
+    std::atomic<std::size_t> inner_items{0};
+    parallel_for(16, [&](std::size_t, unsigned) {
+        if (detail::threads_for(100, 0) != 1) all_inline = false;
+        const std::thread::id outer = std::this_thread::get_id();
+        parallel_for(100, [&](std::size_t, unsigned thread) {
+            ++inner_items;
+            if (thread != 0 || std::this_thread::get_id() != outer) all_inline = false;
+        });
+    });
+    BOOST_TEST(all_inline.load());
+    BOOST_TEST(inner_items.load() == 1600u);
+    BOOST_TEST(detail::threads_for(100, 0) == 2u);  // outside any item again
+}
+
+BOOST_AUTO_TEST_CASE(the_threads_setting_and_max_threads_are_obeyed) {
+    // The thread indices a call used; `two_or_more`: items 0 and 1 wait for each other.
+    const auto threads_in_call = [](std::size_t count, unsigned max_threads, bool two_or_more) {
+        std::mutex mutex;
+        std::set<std::thread::id> ids;
+        std::set<unsigned> indices;
+        std::atomic<int> arrived{two_or_more ? 0 : 2};  // 2: nobody waits for a partner
+        parallel_for(
+            count,
+            [&](std::size_t item, unsigned thread) {
+                meet_partner(item, arrived);
+                std::this_thread::sleep_for(50us);
+                const std::lock_guard lock(mutex);
+                ids.insert(std::this_thread::get_id());
+                indices.insert(thread);
+            },
+            max_threads);
+        BOOST_TEST(ids.size() == indices.size());  // one index per thread
+        return indices;
+    };
+    {
+        const ThreadsSetting one(1);
+        BOOST_TEST(thread_count() == 1u);
+        BOOST_TEST((threads_in_call(50, 0, false) == std::set<unsigned>{0}));
+        const std::set<unsigned> overridden = threads_in_call(50, 3, true);  // max_threads overrides the setting
+        BOOST_TEST(overridden.size() >= 2u);
+        BOOST_TEST(*overridden.rbegin() < 3u);
+    }
+    {
+        const ThreadsSetting four(4);
+        BOOST_TEST(thread_count() == 4u);
+        const std::set<unsigned> indices = threads_in_call(200, 0, true);
+        BOOST_TEST(indices.size() >= 2u);
+        BOOST_TEST(*indices.rbegin() < 4u);
+        BOOST_TEST((*threads_in_call(3, 0, true).rbegin() < 3u));  // never more threads than items
+    }
+    BOOST_TEST(thread_count() == std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// Independent work on several user threads at once: one call has the pool, the others run
+// inline; every item runs exactly once, on one thread.
+BOOST_AUTO_TEST_CASE(several_user_threads_may_call_parallel_for_at_once) {
+    const ThreadsSetting two(2);
+    constexpr std::size_t callers = 4, count = 500;
+    std::vector<std::vector<int>> runs(callers, std::vector<int>(count, 0));
+    {
+        std::vector<std::jthread> users;
+        for (std::size_t u = 0; u < callers; ++u) {
+            users.emplace_back([&runs, u] {
+                for (int call = 0; call < 50; ++call) parallel_for(count, [&](std::size_t item, unsigned) { ++runs[u][item]; });
+            });
+        }
+    }
+    for (std::size_t u = 0; u < callers; ++u) {
+        BOOST_TEST_CONTEXT("caller " << u) {
+            BOOST_TEST(std::all_of(runs[u].begin(), runs[u].end(), [](int n) { return n == 50; }));
+        }
+    }
+}
+
+// The fused op adds dQ terms in key-tile order through fused_detail::add_in_turn; the waits sleep.
+BOOST_AUTO_TEST_CASE(turns_are_taken_in_order_and_can_be_called_off) {
+    std::atomic<std::size_t> turn{0};
+    std::vector<std::size_t> order;
+    std::atomic<int> refused{0};
+    {
+        std::vector<std::jthread> tiles;
+        for (std::size_t mine = 3; mine-- > 0;) {  // started last to first
+            tiles.emplace_back([&, mine] {
+                if (!fused_detail::add_in_turn(turn, mine, [&] { order.push_back(mine); })) ++refused;
+            });
+            std::this_thread::sleep_for(2ms);
+        }
+    }
+    BOOST_TEST(refused.load() == 0);
+    BOOST_TEST((order == std::vector<std::size_t>{0, 1, 2}));
+    // A failed item calls the turns off: a waiter gives up, adding nothing, and none waits again.
+    std::vector<std::atomic<std::size_t>> turns(2);
+    bool added = false, gave_up = false;
+    std::jthread waiter([&] { gave_up = !fused_detail::add_in_turn(turns[1], 5, [&] { added = true; }); });
+    std::this_thread::sleep_for(2ms);
+    fused_detail::stop_turns(turns);
+    waiter.join();
+    BOOST_TEST(gave_up);
+    BOOST_TEST(!added);
+    BOOST_TEST(!fused_detail::add_in_turn(turns[0], 0, [&] { added = true; }));
+    BOOST_TEST(!added);
+}
+
+namespace {
+
+// The spec's attention graph (models/attention.hpp) on a seed's inputs, and the fused op on its
+// projections, recorded and differentiated on a tape of its own. At T = 256 the composed graph's
+// products stay under kernels::parallel_madds (one thread each, so a product's rounding cannot
+// depend on which call had the pool), and the fused op (threaded above 1e6 multiply-adds, results
+// independent of the thread count: tests/test_fused_attention.cpp) goes through parallel_for.
+struct Gradients {
+    std::array<Tensor<double>, 6> tensors;  // O, fused O, dX, dW_Q, dW_K, dW_V
+};
+
+Gradients attention_gradients(std::uint64_t seed) {
+    constexpr std::size_t T = 256, D = 32, d = 64;
+    static_assert(T * T * d < kernels::parallel_madds);
+    std::mt19937_64 rng(seed);
+    const Tensor<double> x = testing::random_tensor({T, D}, rng), w_q = testing::random_tensor({D, d}, rng),
+                         w_k = testing::random_tensor({D, d}, rng), w_v = testing::random_tensor({D, d}, rng);
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(x), W_Q = tape.leaf(w_q), W_K = tape.leaf(w_k), W_V = tape.leaf(w_v);
+    const AttentionResult<double> composed = attention(X, W_Q, W_K, W_V);
+    const Var<double> fused = fused_attention(composed.Q, composed.K, composed.V, true, 0);
+    tape.backward(testing::probe(composed.O) + testing::probe(fused));
+    return {{composed.O.value(), fused.value(), X.grad(), W_Q.grad(), W_K.grad(), W_V.grad()}};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(independent_tapes_on_several_threads_match_one_after_the_other) {
+    const ThreadsSetting two(2);
+    constexpr std::size_t tapes = 4;
+    std::vector<Gradients> in_turn, at_once(tapes);
+    for (std::size_t t = 0; t < tapes; ++t) in_turn.push_back(attention_gradients(100 + t));
+    {
+        std::vector<std::jthread> users;
+        for (std::size_t t = 0; t < tapes; ++t) users.emplace_back([&at_once, t] { at_once[t] = attention_gradients(100 + t); });
+    }
+    for (std::size_t t = 0; t < tapes; ++t) {
+        for (std::size_t x = 0; x < 6; ++x) {
+            BOOST_TEST((at_once[t].tensors[x] == in_turn[t].tensors[x]), "tape " << t << ", result " << x);
+        }
+    }
+    // Fault control: the comparison tells two seeds' graphs apart.
+    BOOST_TEST(!(at_once[0].tensors[2] == in_turn[1].tensors[2]));
+}
