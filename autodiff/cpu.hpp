@@ -75,6 +75,14 @@ float sum_of(const float* x, std::size_t n);
 // p[k] = c·(p[k]·(dp[k] − mean)).
 void score_gradient_row(double* p, const double* dp, std::size_t n, double mean, double c);
 void score_gradient_row(float* p, const float* dp, std::size_t n, float mean, float c);
+// Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
+bool any_nan(const double* x, std::size_t n);
+bool any_nan(const float* x, std::size_t n);
+// GELU's tanh form (ops/gelu.hpp): y[k] = gelu(a[k]), and da[k] = g[k]·gelu'(a[k]).
+void gelu_tanh(const double* a, std::size_t n, double* y);
+void gelu_tanh(const float* a, std::size_t n, float* y);
+void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da);
+void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da);
 }  // namespace compiled
 
 }  // namespace tapegrad

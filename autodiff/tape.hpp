@@ -4,6 +4,7 @@
 // autodiff/op.hpp, and the tape calls it through that contract's table of function pointers.
 #pragma once
 
+#include "autodiff/cpu.hpp"
 #include "autodiff/error.hpp"
 #include "autodiff/op.hpp"
 #include "autodiff/tensor.hpp"
@@ -471,11 +472,10 @@ private:
 
     static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
         const std::span<const T> data = tensor.data();
-        if constexpr (std::is_floating_point_v<T>) {
-            // Branch-free scan (vectorises); the index is looked for only once a NaN is known.
-            bool any = false;
-            for (const T x : data) any |= (x != x);
-            if (!any) return;
+        if constexpr (has_compiled_kernels<T>) {
+            // The compiled scan (vectorised at the CPU's level); the index is looked for only once
+            // a NaN is known.
+            if (!compiled::any_nan(data.data(), data.size())) return;
         }
         for (std::size_t k = 0; k < data.size(); ++k) {
             if (is_nan(data[k])) {

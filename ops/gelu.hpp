@@ -9,11 +9,13 @@
 // VJP: dA = G ∘ dy/da, recomputed from the input A. Forgetting the a·(...) term (the slope of the
 // gate itself) would give G∘Φ, which is wrong everywhere but at a = 0.
 // Constants are computed in the tape's own precision (π = 4·atan 1), so a 50-digit tape holds them
-// to 50 digits.
+// to 50 digits. float/double take the compiled kernels for the tanh form (autodiff/cpu.hpp: the
+// same formulas through ½(1 + tanh u) = 1/(1 + e^{−2u}), vectorised; equal to rounding).
 #pragma once
 
-#include "ops/checks.hpp"
+#include "autodiff/cpu.hpp"
 #include "autodiff/tape.hpp"
+#include "ops/checks.hpp"
 
 namespace tapegrad {
 
@@ -67,12 +69,20 @@ struct Gelu {
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& A = *in[0];
         Y.resize(A.shape());
+        if constexpr (has_compiled_kernels<T>) {
+            if (s.form == GeluForm::tanh) return compiled::gelu_tanh(A.data().data(), A.size(), Y.data().data());
+        }
         for (std::size_t k = 0; k < A.size(); ++k) Y[k] = value(s.form, A[k]);
     }
 
     template <Scalar T>
     static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
         const Tensor<T>& A = *at.in[0];
+        if constexpr (has_compiled_kernels<T>) {
+            if (s.form == GeluForm::tanh) {
+                return compiled::gelu_tanh_vjp(A.data().data(), at.G.data().data(), A.size(), dA.data().data());
+            }
+        }
         for (std::size_t k = 0; k < A.size(); ++k) dA[k] = at.G[k] * slope(s.form, A[k]);
     }
 };

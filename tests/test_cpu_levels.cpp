@@ -1,7 +1,7 @@
 // The compiled kernels at every instruction-set level this machine supports (autodiff/cpu.hpp):
 // the level API (report, force, refuse), and the results of every level held to a higher-precision
 // reference within a bound derived before the run: the three product forms in double and float,
-// the softmax rows, and attention (composed and fused, values and gradients) against 50 digits.
+// the softmax rows, GELU, the NaN scan, and attention (composed and fused, values and gradients) against 50 digits.
 // CTest also runs the kernel tests under TAPEGRAD_CPU=<level> (tests/CMakeLists.txt), and
 // tests/check_cpu_levels.cmake checks on the binaries that the levels are separate code.
 #define BOOST_TEST_MODULE cpu_levels
@@ -170,6 +170,60 @@ BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
             BOOST_TEST(A[40] == 0.0);
             // n = 37 exps (a few ulps each) and one sum of 37 terms: ≤ 37·u + 4u ≈ 1e-14.
             BOOST_TEST(mixed_error(A, reference) <= 1e-14);
+        }
+    }
+}
+
+// GELU's tanh form (compiled as a·σ(2u)) against the generic formula in 50 digits, values and
+// VJP, over ordinary inputs and the tails where 1 + tanh u would cancel.
+BOOST_AUTO_TEST_CASE(gelu_agrees_with_50_digits_at_every_level) {
+    const RestoreLevel restore;
+    std::mt19937_64 rng(17);
+    Tensor<double> A = random_tensor({3, 37}, rng, 4.0);
+    const std::array<double, 7> tails{-40.0, -12.0, -1e-9, 0.0, 1e-9, 12.0, 40.0};
+    std::copy(tails.begin(), tails.end(), A.data().begin());
+    const Tensor<double> G = random_tensor({3, 37}, rng);
+    Tape<mp50> reference_tape;
+    const Var<mp50> A_mp = reference_tape.leaf(tensor_cast<mp50>(A));
+    const Var<mp50> Y_mp = gelu(A_mp);
+    reference_tape.backward(sum(mul(Y_mp, reference_tape.constant(tensor_cast<mp50>(G)))));
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        Tape<double> tape;
+        const Var<double> A_d = tape.leaf(A);
+        const Var<double> Y = gelu(A_d);
+        tape.backward(sum(mul(Y, tape.constant(G))));
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            // One exp (a few ulps) and about ten roundings per element: ≤ 20u ≈ 4.4e-15; 1e-14
+            // leaves room for the sum of the backward's probe, nothing for a wrong formula.
+            BOOST_TEST(mixed_error(Y.value(), Y_mp.value()) <= 1e-14);
+            BOOST_TEST(mixed_error(A_d.grad(), A_mp.grad()) <= 1e-14);
+        }
+    }
+}
+
+// The tape's NaN scan (compiled per level) finds a NaN at the first, a middle and the last of a
+// row whose length is no multiple of any vector width, and lets ±inf through.
+BOOST_AUTO_TEST_CASE(the_nan_scan_finds_every_position_at_every_level) {
+    const RestoreLevel restore;
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            for (const std::size_t n : {1u, 37u, 130u}) {
+                Tensor<double> clean({n}, 1.0);
+                clean[0] = std::numeric_limits<double>::infinity();
+                clean[n - 1] = -std::numeric_limits<double>::infinity();
+                Tape<double> tape;
+                Tape<float> tape_f;  // float scans too
+                BOOST_CHECK_NO_THROW(tape.leaf(clean));
+                BOOST_CHECK_NO_THROW(tape_f.leaf(tensor_cast<float>(clean)));
+                for (const std::size_t at : {std::size_t{0}, n / 2, n - 1}) {
+                    Tensor<double> dirty({n}, 1.0);
+                    dirty[at] = std::numeric_limits<double>::quiet_NaN();
+                    BOOST_CHECK_THROW(tape.leaf(dirty), value_error);
+                    BOOST_CHECK_THROW(tape_f.leaf(tensor_cast<float>(dirty)), value_error);
+                }
+            }
         }
     }
 }

@@ -130,6 +130,16 @@ void score_gradient_row(double* p, const double* dp, std::size_t n, double mean,
 void score_gradient_row(float* p, const float* dp, std::size_t n, float mean, float c) {
     active().f32.score_gradient_row(p, dp, n, mean, c);
 }
+bool any_nan(const double* x, std::size_t n) { return active().f64.any_nan(x, n); }
+bool any_nan(const float* x, std::size_t n) { return active().f32.any_nan(x, n); }
+void gelu_tanh(const double* a, std::size_t n, double* y) { active().f64.gelu_tanh(a, n, y); }
+void gelu_tanh(const float* a, std::size_t n, float* y) { active().f32.gelu_tanh(a, n, y); }
+void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da) {
+    active().f64.gelu_tanh_vjp(a, g, n, da);
+}
+void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da) {
+    active().f32.gelu_tanh_vjp(a, g, n, da);
+}
 
 }  // namespace compiled
 }  // namespace tapegrad

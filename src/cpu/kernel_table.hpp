@@ -19,6 +19,9 @@ struct KernelsFor {
     T (*max_of)(const T* x, std::size_t n);
     T (*sum_of)(const T* x, std::size_t n);
     void (*score_gradient_row)(T* p, const T* dp, std::size_t n, T mean, T c);
+    bool (*any_nan)(const T* x, std::size_t n);
+    void (*gelu_tanh)(const T* a, std::size_t n, T* y);
+    void (*gelu_tanh_vjp)(const T* a, const T* g, std::size_t n, T* da);
 };
 
 struct KernelTable {

@@ -144,9 +144,67 @@ void score_gradient_row(T* p, const T* dp, std::size_t n, T mean, T c) {
     a = c * (a * (ConstArrayMap<T>(dp, Eigen::Index(n)) - mean));
 }
 
+// Whether any of x[0..n) is NaN (±inf is not). A count rather than an early exit, so the loop is
+// one vector compare per packet at the AVX2 and AVX-512 levels.
+template <class T>
+bool any_nan(const T* x, std::size_t n) {
+    std::size_t count = 0;
+    for (std::size_t k = 0; k < n; ++k) count += (x[k] != x[k]);
+    return count != 0;
+}
+
+// GELU's tanh form, as ops/gelu.hpp writes it, through the identity ½·(1 + tanh u) = σ(2u):
+//   s = 1 / (1 + e^{−2u}),  u = c·(a + k·a³),  y = a·s,
+//   dy/da = ½(1 + t) + ½·a·(1 − t²)·c·(1 + 3k·a²) = s + a·2s(1 − s)·c·(1 + 3k·a²)   (t = 2s − 1).
+// No cancellation for either sign of u (1 + tanh u would lose digits for u ≪ 0), and an
+// overflowing e^{−2u} gives s = 0 exactly. Each block of 64 goes through an aligned buffer, as in
+// exp_shifted, so every element takes Eigen's packet exp.
+template <class T>
+struct GeluTanhBlock {
+    static constexpr std::size_t size = 64;
+    using Block = Eigen::Array<T, size, 1>;
+    alignas(64) std::array<T, size> a, g;
+    Block gate() const {  // s for each element of a
+        const T c = T(0.7978845608028654);  // √(2/π)
+        const T k = T(0.044715);
+        const Eigen::Map<const Block, Eigen::Aligned64> A(a.data());
+        const Block u = c * (A + k * A * A * A);
+        return T(1) / (T(1) + (T(-2) * u).exp());
+    }
+};
+
+template <class T>
+void gelu_tanh(const T* a, std::size_t n, T* y) {
+    GeluTanhBlock<T> block;
+    for (std::size_t start = 0; start < n; start += block.size) {
+        const std::size_t count = std::min(block.size, n - start);
+        std::fill(std::copy_n(a + start, count, block.a.begin()), block.a.end(), T(0));
+        const Eigen::Map<const typename GeluTanhBlock<T>::Block, Eigen::Aligned64> A(block.a.data());
+        const typename GeluTanhBlock<T>::Block Y = A * block.gate();
+        std::copy_n(Y.data(), count, y + start);
+    }
+}
+
+// dA = G ∘ dy/da.
+template <class T>
+void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
+    GeluTanhBlock<T> block;
+    const T c = T(0.7978845608028654), three_k = T(3 * 0.044715);
+    for (std::size_t start = 0; start < n; start += block.size) {
+        const std::size_t count = std::min(block.size, n - start);
+        std::fill(std::copy_n(a + start, count, block.a.begin()), block.a.end(), T(0));
+        std::fill(std::copy_n(g + start, count, block.g.begin()), block.g.end(), T(0));
+        const Eigen::Map<const typename GeluTanhBlock<T>::Block, Eigen::Aligned64> A(block.a.data()), G(block.g.data());
+        const typename GeluTanhBlock<T>::Block s = block.gate();
+        const typename GeluTanhBlock<T>::Block dA = G * (s + A * T(2) * s * (T(1) - s) * c * (T(1) + three_k * A * A));
+        std::copy_n(dA.data(), count, da + start);
+    }
+}
+
 template <class T>
 constexpr KernelsFor<T> kernels_for() {
-    return {&gemm_rows<T>, &softmax_row<T>, &exp_shifted<T>, &scale_row<T>, &max_of<T>, &sum_of<T>, &score_gradient_row<T>};
+    return {&gemm_rows<T>, &softmax_row<T>, &exp_shifted<T>, &scale_row<T>,   &max_of<T>,
+            &sum_of<T>,    &score_gradient_row<T>, &any_nan<T>, &gelu_tanh<T>, &gelu_tanh_vjp<T>};
 }
 
 // The table this level's file exports.
