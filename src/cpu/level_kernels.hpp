@@ -156,31 +156,37 @@ bool any_nan(const T* x, std::size_t n) {
 // GELU's tanh form, as ops/gelu.hpp writes it, through the identity ½·(1 + tanh u) = σ(2u):
 //   s = 1 / (1 + e^{−2u}),  u = c·(a + k·a³),  y = a·s,
 //   dy/da = ½(1 + t) + ½·a·(1 − t²)·c·(1 + 3k·a²) = s + a·2s(1 − s)·c·(1 + 3k·a²)   (t = 2s − 1).
-// No cancellation for either sign of u (1 + tanh u would lose digits for u ≪ 0), and an
-// overflowing e^{−2u} gives s = 0 exactly. Each block of 64 goes through an aligned buffer, as in
-// exp_shifted, so every element takes Eigen's packet exp.
+// No cancellation for either sign of u (1 + tanh u would lose digits for u ≪ 0), and a huge
+// e^{−2u} (Eigen's exp saturates near the largest double) gives s ≈ 0, never NaN. Each block of
+// 64 goes through an aligned buffer, as in exp_shifted, so every element takes Eigen's packet exp.
 template <class T>
 struct GeluTanhBlock {
     static constexpr std::size_t size = 64;
-    using Block = Eigen::Array<T, size, 1>;
+    static constexpr T c = T(0.7978845608028654);  // √(2/π)
+    static constexpr T k = T(0.044715);
+    using Values = Eigen::Array<T, size, 1>;
+    using ConstMap = Eigen::Map<const Values, Eigen::Aligned64>;
     alignas(64) std::array<T, size> a, g;
-    Block gate() const {  // s for each element of a
-        const T c = T(0.7978845608028654);  // √(2/π)
-        const T k = T(0.044715);
-        const Eigen::Map<const Block, Eigen::Aligned64> A(a.data());
-        const Block u = c * (A + k * A * A * A);
+
+    // Copies `count` elements of x into `to`, padding the block with zeros.
+    static void load(const T* x, std::size_t count, std::array<T, size>& to) {
+        std::fill(std::copy_n(x, count, to.begin()), to.end(), T(0));
+    }
+    Values gate() const {  // s = σ(2u) for each element of a
+        const ConstMap A(a.data());
+        const Values u = c * (A + k * A * A * A);
         return T(1) / (T(1) + (T(-2) * u).exp());
     }
 };
 
 template <class T>
 void gelu_tanh(const T* a, std::size_t n, T* y) {
-    GeluTanhBlock<T> block;
-    for (std::size_t start = 0; start < n; start += block.size) {
-        const std::size_t count = std::min(block.size, n - start);
-        std::fill(std::copy_n(a + start, count, block.a.begin()), block.a.end(), T(0));
-        const Eigen::Map<const typename GeluTanhBlock<T>::Block, Eigen::Aligned64> A(block.a.data());
-        const typename GeluTanhBlock<T>::Block Y = A * block.gate();
+    using Block = GeluTanhBlock<T>;
+    Block block;
+    for (std::size_t start = 0; start < n; start += Block::size) {
+        const std::size_t count = std::min(Block::size, n - start);
+        Block::load(a + start, count, block.a);
+        const typename Block::Values Y = typename Block::ConstMap(block.a.data()) * block.gate();
         std::copy_n(Y.data(), count, y + start);
     }
 }
@@ -188,23 +194,25 @@ void gelu_tanh(const T* a, std::size_t n, T* y) {
 // dA = G ∘ dy/da.
 template <class T>
 void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
-    GeluTanhBlock<T> block;
-    const T c = T(0.7978845608028654), three_k = T(3 * 0.044715);
-    for (std::size_t start = 0; start < n; start += block.size) {
-        const std::size_t count = std::min(block.size, n - start);
-        std::fill(std::copy_n(a + start, count, block.a.begin()), block.a.end(), T(0));
-        std::fill(std::copy_n(g + start, count, block.g.begin()), block.g.end(), T(0));
-        const Eigen::Map<const typename GeluTanhBlock<T>::Block, Eigen::Aligned64> A(block.a.data()), G(block.g.data());
-        const typename GeluTanhBlock<T>::Block s = block.gate();
-        const typename GeluTanhBlock<T>::Block dA = G * (s + A * T(2) * s * (T(1) - s) * c * (T(1) + three_k * A * A));
+    using Block = GeluTanhBlock<T>;
+    Block block;
+    for (std::size_t start = 0; start < n; start += Block::size) {
+        const std::size_t count = std::min(Block::size, n - start);
+        Block::load(a + start, count, block.a);
+        Block::load(g + start, count, block.g);
+        const typename Block::ConstMap A(block.a.data()), G(block.g.data());
+        const typename Block::Values s = block.gate();
+        const typename Block::Values slope =
+            s + A * T(2) * s * (T(1) - s) * Block::c * (T(1) + T(3) * Block::k * A * A);
+        const typename Block::Values dA = G * slope;
         std::copy_n(dA.data(), count, da + start);
     }
 }
 
 template <class T>
 constexpr KernelsFor<T> kernels_for() {
-    return {&gemm_rows<T>, &softmax_row<T>, &exp_shifted<T>, &scale_row<T>,   &max_of<T>,
-            &sum_of<T>,    &score_gradient_row<T>, &any_nan<T>, &gelu_tanh<T>, &gelu_tanh_vjp<T>};
+    return {&gemm_rows<T>, &softmax_row<T>,         &exp_shifted<T>, &scale_row<T>,  &max_of<T>,
+            &sum_of<T>,    &score_gradient_row<T>, &any_nan<T>,     &gelu_tanh<T>, &gelu_tanh_vjp<T>};
 }
 
 // The table this level's file exports.
