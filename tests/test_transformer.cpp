@@ -100,8 +100,8 @@ BOOST_AUTO_TEST_CASE(a_small_model_passes_the_full_check_with_the_tied_embedding
 }
 
 // The issue's size (L = 2, D = 16, 2 heads, T = 8, V = 12, batch 2: 6,784 coordinates). Each
-// coordinate replays up to the whole model in 50 digits, which took 28 CPU minutes (1654 s) here on one
-// core, so it is not part of the default run; run it with
+// coordinate replays up to the whole model in 50 digits (28 CPU minutes here, 1654 s), so it is
+// not part of the default run; run it with
 //   build/tests/test_transformer --run_test=the_issue_size_model_passes_the_full_check
 // (or spread it over processes with tapegrad-check under mpirun).
 BOOST_AUTO_TEST_CASE(the_issue_size_model_passes_the_full_check, *boost::unit_test::disabled()) {
