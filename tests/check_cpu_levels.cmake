@@ -11,13 +11,7 @@
 # fault control passes .o.partial, the objects before objcopy, which the check must reject.
 cmake_minimum_required(VERSION 3.20)
 
-function(output_of variable)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "command failed (${result}): ${ARGN}\n${err}")
-  endif()
-  set(${variable} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/command_output.cmake)
 
 function(count_matches variable regex text)
   string(REGEX MATCHALL "${regex}" matches "${text}")

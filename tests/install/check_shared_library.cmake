@@ -8,13 +8,7 @@
 # soname without the version script, and checks that one instead, which must be rejected.
 cmake_minimum_required(VERSION 3.20)
 
-function(output_of variable)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "command failed (${result}): ${ARGN}\n${err}")
-  endif()
-  set(${variable} "${out}" PARENT_SCOPE)
-endfunction()
+include(${CMAKE_CURRENT_LIST_DIR}/../command_output.cmake)
 
 if(UNFILTERED_FROM)
   set(LIBRARY ${WORK_DIR}/libtapegrad-unfiltered.so)

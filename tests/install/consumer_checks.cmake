@@ -3,12 +3,11 @@
 # it holds, else the reason) instead of stopping, so a test can also feed it a deliberately broken
 # input (its fault control) and require the rejection.
 
+include(${CMAKE_CURRENT_LIST_DIR}/../command_output.cmake)
+
 # Runs a command; stops the test with its output when it fails. The output is left in last_output.
 function(run)
-  execute_process(COMMAND ${ARGN} RESULT_VARIABLE result OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  if(NOT result EQUAL 0)
-    message(FATAL_ERROR "command failed (${result}): ${ARGN}\n${out}\n${err}")
-  endif()
+  output_of(out ${ARGN})
   set(last_output "${out}" PARENT_SCOPE)
 endfunction()
 
