@@ -45,17 +45,12 @@ namespace {
 using bench::AttentionInputs;
 using bench::make_inputs;
 using bench::random_tensor;
+using timing::alternate_timings;
 using timing::ClockFunction;
 using timing::median;
 using timing::thread_seconds;
 using timing::Timing;
 using timing::wall_seconds;
-
-// Best and median per contender (alternating batches; benchmarks/timing.hpp).
-std::vector<Timing> alternate(const std::vector<std::function<void()>>& contenders, std::size_t rounds,
-                              double batch_seconds, ClockFunction now = thread_seconds) {
-    return timing::alternate_timings(contenders, rounds, batch_seconds, now);
-}
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
@@ -164,7 +159,7 @@ void bench_attention(std::size_t rows, std::size_t D, std::size_t d, std::mt1993
                                          cpu_level_name(cpu_level()));
 #ifdef TAPEGRAD_HAVE_TORCH
     TorchAttention<T> theirs(inputs, d);
-    const std::vector<Timing> us = alternate({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
+    const std::vector<Timing> us = alternate_timings({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
     // Same graph, same numbers: the gradients must agree to rounding. In double 1e-9. In float the
     // unit-normal inputs give scores of standard deviation about 64 (softmax nearly one-hot), whose
     // absolute rounding (2^-24 of sums of 64 terms of size ~64) moves the weights by ~1e-3
@@ -182,7 +177,7 @@ void bench_attention(std::size_t rows, std::size_t D, std::size_t d, std::mt1993
                line, us[0].best_us, us[0].median_us, us[1].best_us, us[1].median_us, us[0].median_us / us[1].median_us,
                us[0].best_us / us[1].best_us);
 #else
-    const std::vector<Timing> us = alternate({[&] { ours.run(); }}, rounds, batch, now);
+    const std::vector<Timing> us = alternate_timings({[&] { ours.run(); }}, rounds, batch, now);
     fmt::print("{} tapegrad_us_best={:.3f} tapegrad_us_median={:.3f} libtorch_us=NA ratio=NA\n", line, us[0].best_us,
                us[0].median_us);
 #endif
