@@ -38,7 +38,10 @@ public:
         std::copy(dims.begin(), dims.end(), dims_.begin());
         std::size_t elements = 1;
         for (const std::size_t d : dims) {
-            if (d != 0 && elements > max_elements / d) {
+            // Factors both below 2^20 multiply to less than 2^40 = max_elements: the division,
+            // the costliest step of making a shape, is only needed past that.
+            const bool small = d < small_factor && elements < small_factor;
+            if (!small && d != 0 && elements > max_elements / d) {
                 throw shape_error(fmt::format("Shape: {} elements exceed the limit of {}", to_string(), max_elements));
             }
             elements *= d;
@@ -88,6 +91,9 @@ public:
     }
 
 private:
+    static constexpr std::size_t small_factor = std::size_t{1} << 20;
+    static_assert(small_factor * small_factor <= max_elements);
+
     std::array<std::size_t, max_rank> dims_{};
     std::size_t rank_ = 0;
     std::size_t elements_ = 1;

@@ -21,19 +21,26 @@ struct Mask {
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         const Tensor<T>& S = *in[0];
-        const Tensor<T>& M = *in[1];
         out.resize(S.shape());
-        const std::size_t period = M.size();  // M repeats over the batch when it is one matrix
-        for (std::size_t k = 0; k < S.size(); ++k) {
-            out[k] = M[k % period] != T(0) ? S[k] : -std::numeric_limits<T>::infinity();
-        }
+        for_each_position(*in[1], S.size(), [&](std::size_t k, bool visible) {
+            out[k] = visible ? S[k] : -std::numeric_limits<T>::infinity();
+        });
     }
 
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
-        const Tensor<T>& M = *at.in[1];
+        for_each_position(*at.in[1], at.G.size(), [&](std::size_t k, bool visible) {
+            grad[k] = visible ? at.G[k] : T(0);
+        });
+    }
+
+    // Calls visit(k, M_k ≠ 0) for k in [0, size): M repeats over the batch when it is one matrix,
+    // taken matrix by matrix (no division per element).
+    template <Scalar T, class Visit>
+    static void for_each_position(const Tensor<T>& M, std::size_t size, Visit&& visit) {
         const std::size_t period = M.size();
-        for (std::size_t k = 0; k < at.G.size(); ++k) grad[k] = M[k % period] != T(0) ? at.G[k] : T(0);
+        for (std::size_t start = 0; start < size; start += period)
+            for (std::size_t j = 0; j < period; ++j) visit(start + j, M[j] != T(0));
     }
 };
 

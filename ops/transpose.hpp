@@ -6,6 +6,8 @@
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
+#include <algorithm>
+
 namespace tapegrad {
 
 struct Transpose {
@@ -19,9 +21,18 @@ struct Transpose {
         y.resize(x.shape().with_matrix(n, m));
         const T* source = x.data().data();
         T* target = y.data().data();
-        for (std::size_t b = 0; b < batch; ++b, source += m * n, target += m * n)
-            for (std::size_t i = 0; i < m; ++i)
-                for (std::size_t j = 0; j < n; ++j) target[j * m + i] = source[i * n + j];
+        for (std::size_t b = 0; b < batch; ++b, source += m * n, target += m * n) copy_transposed(source, m, n, target);
+    }
+
+    // target (n×m) = sourceᵀ (m×n), tile by tile: copied row by row, the writes stride by m, and
+    // at m = 256 doubles they fall into a few cache sets (7% of an attention step at T = 256).
+    template <Scalar T>
+    static void copy_transposed(const T* source, std::size_t m, std::size_t n, T* target) {
+        constexpr std::size_t tile = 16;
+        for (std::size_t i0 = 0; i0 < m; i0 += tile)
+            for (std::size_t j0 = 0; j0 < n; j0 += tile)
+                for (std::size_t i = i0; i < std::min(i0 + tile, m); ++i)
+                    for (std::size_t j = j0; j < std::min(j0 + tile, n); ++j) target[j * m + i] = source[i * n + j];
     }
 
     template <Scalar T>

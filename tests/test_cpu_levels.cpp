@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <limits>
+#include <vector>
 
 using namespace tapegrad;
 using tapegrad::testing::random_tensor;
@@ -174,6 +175,33 @@ BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
     }
 }
 
+// exp_shifted takes whole blocks of 64 and the rest in blocks of 16. An element's exponential
+// must not depend on which block it fell in (a packet computes each lane alone); otherwise a
+// softmax row's bits would change with its length. Exact equality: the claim is the same bits.
+template <class T>
+void check_exponentials_do_not_depend_on_their_block() {
+    std::mt19937_64 rng(19);
+    const Tensor<double> draws = random_tensor({64}, rng, 8.0);
+    std::vector<T> whole(64), pieces(64);
+    for (std::size_t j = 0; j < 64; ++j) whole[j] = pieces[j] = static_cast<T>(draws[j]);
+    const T shift = T(1.5);
+    compiled::exp_shifted(whole.data(), 64, shift);  // one block of 64
+    compiled::exp_shifted(pieces.data(), 21, shift);  // 16 + 5: two tail blocks
+    compiled::exp_shifted(pieces.data() + 21, 43, shift);  // 16 + 16 + 11
+    for (std::size_t j = 0; j < 64; ++j) BOOST_TEST(pieces[j] == whole[j], "element " << j);
+}
+
+BOOST_AUTO_TEST_CASE(exponentials_do_not_depend_on_their_block_at_every_level) {
+    const RestoreLevel restore;
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            check_exponentials_do_not_depend_on_their_block<double>();
+            check_exponentials_do_not_depend_on_their_block<float>();
+        }
+    }
+}
+
 // GELU's tanh form (compiled as a·σ(2u)) against the generic formula in 50 digits, values and
 // VJP, over ordinary inputs and the tails where 1 + tanh u would cancel.
 BOOST_AUTO_TEST_CASE(gelu_agrees_with_50_digits_at_every_level) {
@@ -202,14 +230,15 @@ BOOST_AUTO_TEST_CASE(gelu_agrees_with_50_digits_at_every_level) {
     }
 }
 
-// The tape's NaN scan (compiled per level) finds a NaN at the first, a middle and the last of a
-// row whose length is no multiple of any vector width, and lets ±inf through.
+// The tape's NaN scan (compiled per level; inline up to 16 elements) finds a NaN at the first, a
+// middle and the last of a row, on both sides of the inline size and at lengths that are no
+// multiple of any vector width, and lets ±inf through.
 BOOST_AUTO_TEST_CASE(the_nan_scan_finds_every_position_at_every_level) {
     const RestoreLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         BOOST_TEST_CONTEXT(cpu_level_name(level)) {
-            for (const std::size_t n : {1u, 37u, 130u}) {
+            for (const std::size_t n : {1u, 16u, 17u, 37u, 130u}) {
                 Tensor<double> clean({n}, 1.0);
                 clean[0] = std::numeric_limits<double>::infinity();
                 clean[n - 1] = -std::numeric_limits<double>::infinity();

@@ -89,18 +89,26 @@ T sum_in_fixed_order(const T* x, std::size_t n) {
 }
 
 // x[k] = exp(x[k] − shift), each element through Eigen's packet exp: blocks of 64 are copied into
-// an aligned buffer (its tail padded with zeros), so no element takes the scalar path.
+// an aligned buffer, so no element takes the scalar path. The tail goes in blocks of 16 (the padding
+// computes exp(0)): a packet computes each lane alone, so the bits are those of the 64-block, and a
+// short row (T = 2) pays for 16 exponentials, not 64.
+template <class T, std::size_t block>
+void exp_shifted_block(T* x, std::size_t count, T shift) {
+    alignas(64) std::array<T, block> buffer;
+    std::copy_n(x, count, buffer.begin());
+    std::fill(buffer.begin() + count, buffer.end(), shift);
+    Eigen::Map<Eigen::Array<T, block, 1>, Eigen::Aligned64> a(buffer.data());
+    a = (a - shift).exp();
+    std::copy_n(buffer.begin(), count, x);
+}
+
 template <class T>
 void exp_shifted(T* x, std::size_t n, T shift) {
-    constexpr std::size_t block = 64;
-    alignas(64) std::array<T, block> buffer;
-    for (std::size_t start = 0; start < n; start += block) {
-        const std::size_t count = std::min(block, n - start);
-        std::copy_n(x + start, count, buffer.begin());
-        std::fill(buffer.begin() + count, buffer.end(), shift);
-        Eigen::Map<Eigen::Array<T, block, 1>, Eigen::Aligned64> a(buffer.data());
-        a = (a - shift).exp();
-        std::copy_n(buffer.begin(), count, x + start);
+    constexpr std::size_t block = 64, tail_block = 16;
+    std::size_t start = 0;
+    for (; start + block <= n; start += block) exp_shifted_block<T, block>(x + start, block, shift);
+    for (; start < n; start += tail_block) {
+        exp_shifted_block<T, tail_block>(x + start, std::min(tail_block, n - start), shift);
     }
 }
 
