@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <optional>
@@ -56,8 +57,11 @@ private:
     Var(Tape<T>* tape, std::uint32_t index, std::uint64_t generation)
         : tape_(tape), index_(index), generation_(generation) {}
     Tape<T>& owner(std::string_view what) const {
-        if (tape_ == nullptr) throw usage_error(fmt::format("Var::{}: this Var does not belong to any tape", what));
+        if (tape_ == nullptr) [[unlikely]] throw_no_tape(what);
         return *tape_;
+    }
+    [[noreturn]] static void throw_no_tape(std::string_view what) {
+        throw usage_error(fmt::format("Var::{}: this Var does not belong to any tape", what));
     }
 
     Tape<T>* tape_ = nullptr;
@@ -99,9 +103,25 @@ class Tape {
 public:
     using scalar_type = T;
 
-    // Room for a small graph's nodes from the start: a fresh tape per training step (the common
-    // way to write one) then does not reallocate and move its nodes as it grows.
-    Tape() { nodes_.reserve(initial_nodes); }
+    // A new tape takes the nodes (and their buffers) that the last tape to die on this thread
+    // left, if it left any: a fresh tape per training step, the common way to write one, then
+    // allocates no more than a cleared one. Otherwise it starts with room for a small graph.
+    Tape() : generation_(next_generation()) {
+        std::vector<Node>& pool = NodePool::nodes();
+        if (!pool.empty()) {
+            nodes_ = std::move(pool);
+            pool.clear();
+        } else {
+            nodes_.reserve(initial_nodes);
+        }
+    }
+    // Leaves its nodes to the next tape made on this thread when they hold at most
+    // `pooled_bytes_limit` (a large graph's memory goes back to the allocator with its tape).
+    ~Tape() {
+        if (NodePool::closed() || held_bytes() > pooled_bytes_limit) return;
+        std::vector<Node>& pool = NodePool::nodes();
+        if (pool.empty()) pool = std::move(nodes_);
+    }
     // Vars point at their tape, so a tape stays where it was made.
     Tape(const Tape&) = delete;
     Tape& operator=(const Tape&) = delete;
@@ -201,7 +221,7 @@ public:
     // before are invalid afterwards.
     void clear() {
         used_ = 0;
-        ++generation_;
+        generation_ = next_generation();
         branches_.clear();
         backward_done_ = false;
     }
@@ -429,14 +449,19 @@ private:
         for (std::uint32_t slot = 0; slot < node.arity; ++slot) values[slot] = &nodes_[node.inputs[slot]].value;
     }
 
+    // Called for every Var an op or accessor touches: the test is kept small enough to inline,
+    // the message is built out of line.
     void check_var(const Var<T>& var, std::string_view where) const {
+        if (var.tape_ != this || var.generation_ != generation_ || var.index_ >= used_) [[unlikely]] {
+            throw_foreign_var(var, where);
+        }
+    }
+    [[noreturn]] void throw_foreign_var(const Var<T>& var, std::string_view where) const {
         if (var.tape_ != this) {
             throw usage_error(fmt::format("{}: the value belongs to {} tape", where,
                                           var.tape_ == nullptr ? "no" : "another"));
         }
-        if (var.generation_ != generation_ || var.index_ >= used_) {
-            throw usage_error(fmt::format("{}: the value belongs to a tape that has been cleared since", where));
-        }
+        throw usage_error(fmt::format("{}: the value belongs to a tape that has been cleared since", where));
     }
 
     const Tensor<T>& value_of(const Var<T>& var) const {
@@ -503,6 +528,39 @@ private:
     }
 
     static constexpr std::size_t initial_nodes = 32;
+    static constexpr std::size_t pooled_bytes_limit = std::size_t{16} << 20;
+
+    // The nodes a dead tape left for the next one on its thread. `closed` is set when the
+    // thread's pool is destroyed (at thread exit, before static objects): a tape destroyed after
+    // that keeps its nodes to itself.
+    class NodePool {
+    public:
+        static std::vector<Node>& nodes() {
+            thread_local NodePool pool;
+            return pool.nodes_;
+        }
+        static bool& closed() {
+            thread_local bool is_closed = false;  // trivially destructible: readable until the thread ends
+            return is_closed;
+        }
+        ~NodePool() { closed() = true; }
+
+    private:
+        std::vector<Node> nodes_;
+    };
+
+    // Generations are unique over all tapes, so a Var of a dead tape never passes for one of a
+    // new tape made at the same address.
+    static std::uint64_t next_generation() {
+        static std::atomic<std::uint64_t> counter{0};
+        return ++counter;
+    }
+
+    std::size_t held_bytes() const {
+        std::size_t elements = 0;
+        for (const Node& node : nodes_) elements += node.value.size() + node.saved.size() + node.grad.size();
+        return elements * sizeof(T);
+    }
 
     std::vector<Node> nodes_;
     std::size_t used_ = 0;

@@ -12,24 +12,26 @@
 
 namespace tapegrad::checks {
 
+// The checks run on every op recorded: each test stays small enough to inline, and its message
+// is built out of line.
+[[noreturn]] inline void throw_empty(std::string_view op, std::string_view argument, const Shape& shape) {
+    throw shape_error(fmt::format("{}: {} is empty (shape {})", op, argument, shape.to_string()));
+}
+
 // Non-empty, rank 2 or more (a matrix or a batch of matrices).
 template <Scalar T>
 void matrix(std::string_view op, std::string_view argument, const Var<T>& x) {
     const Shape& shape = x.shape();
-    if (shape.rank() < 2) {
+    if (shape.rank() < 2) [[unlikely]] {
         throw shape_error(fmt::format("{}: {} must be a matrix (rank 2 or more), got shape {}", op, argument,
                                       shape.to_string()));
     }
-    if (shape.size() == 0) {
-        throw shape_error(fmt::format("{}: {} is empty (shape {})", op, argument, shape.to_string()));
-    }
+    if (shape.size() == 0) [[unlikely]] throw_empty(op, argument, shape);
 }
 
 template <Scalar T>
 void non_empty(std::string_view op, std::string_view argument, const Var<T>& x) {
-    if (x.shape().size() == 0) {
-        throw shape_error(fmt::format("{}: {} is empty (shape {})", op, argument, x.shape().to_string()));
-    }
+    if (x.shape().size() == 0) [[unlikely]] throw_empty(op, argument, x.shape());
 }
 
 template <Scalar T>
