@@ -4,7 +4,8 @@
 // training steps (forward, backward, global-norm clipping, AdamW with the warm-up + cosine rate)
 // from the same initial parameters on the same batches. The two alternate, round by round, on this
 // thread's CPU clock; the lines give the median and the best round:
-//   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… statistic=median|best
+//   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… statistic=median|best|overall
+// (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
 // (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of both
 // sides are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
 // same computation and a WARNING says so.
@@ -222,6 +223,14 @@ int main() {
     const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
     line("median", median(ours_rates), theirs_rates.empty() ? 0.0 : median(theirs_rates));
     line("best", best(ours_rates), best(theirs_rates));
+    // Every round times the same tokens, so all rounds' tokens over all rounds' time (the run's
+    // throughput) is the harmonic mean of the rates.
+    const auto overall = [](const std::vector<double>& v) {
+        double seconds_per_token = 0;
+        for (const double rate : v) seconds_per_token += 1.0 / rate;
+        return v.empty() ? 0.0 : static_cast<double>(v.size()) / seconds_per_token;
+    };
+    line("overall", overall(ours_rates), theirs_rates.empty() ? 0.0 : overall(theirs_rates));
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
                steps_per_round, rounds);
     return 0;
