@@ -417,13 +417,16 @@ private:
 
     // A scratch tensor for input `slot` of the node being differentiated, already of `shape`'s
     // element count when one of that count exists: growing a buffer zero-fills it, so each buffer
-    // serves contributions of one size only (the same few sizes recur at every step).
+    // serves contributions of one size only (the same few sizes recur at every step). At most
+    // `scratch_sizes_kept` sizes are kept per slot; past that the first buffer is resized, so a
+    // tape fed ever-new shapes (sequences of every length) does not keep a buffer for each.
     Tensor<T>& scratch_for(std::uint32_t slot, const Shape& shape) {
         std::vector<Tensor<T>>& pool = scratch_[slot];
         for (Tensor<T>& buffer : pool) {
             if (buffer.size() == shape.size()) return buffer;
         }
-        return pool.emplace_back(shape);
+        if (pool.size() < scratch_sizes_kept) return pool.emplace_back(shape);
+        return pool.front();
     }
 
     static void zero_gradient_if_missing(Node& node) {
@@ -528,6 +531,7 @@ private:
     }
 
     static constexpr std::size_t initial_nodes = 32;
+    static constexpr std::size_t scratch_sizes_kept = 8;
     static constexpr std::size_t pooled_bytes_limit = std::size_t{16} << 20;
 
     // The nodes a dead tape left for the next one on its thread. `closed` is set when the

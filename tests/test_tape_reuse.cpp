@@ -14,18 +14,28 @@
 using namespace tapegrad;
 
 namespace {
-// Every allocation of this executable is counted, to see what a tape allocates and what it reuses.
+// Every allocation of this executable is counted, and the bytes it holds, to see what a tape
+// allocates, reuses and keeps.
 std::atomic<std::size_t> allocations{0};
+std::atomic<long long> live_bytes{0};
 }  // namespace
 
 // Not inlined: GCC would otherwise see a `new` met by `free` at each call and warn of a mismatch.
 [[gnu::noinline]] void* operator new(std::size_t bytes) {
     ++allocations;
-    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) {
+        live_bytes += static_cast<long long>(bytes);
+        return p;
+    }
     throw std::bad_alloc();
 }
+[[gnu::noinline]] void operator delete(void* p, std::size_t bytes) noexcept {
+    live_bytes -= static_cast<long long>(bytes);
+    std::free(p);
+}
+// Everything this file's tests allocate is freed through the sized form (std::vector, std::string);
+// the unsized one is there for whatever else.
 [[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
@@ -122,6 +132,28 @@ BOOST_AUTO_TEST_CASE(a_fresh_tape_takes_the_buffers_a_dead_one_left) {
     // 30 more.
     BOOST_TEST_MESSAGE("allocations: fresh tape " << fresh << ", cleared tape " << cleared);
     BOOST_TEST(fresh <= cleared + 2);
+}
+
+// The backward keeps a scratch buffer per size for contributions that cannot go straight into a
+// gradient (x·x: the second slot's), but not one for every size a long-lived tape ever sees:
+// sequences of 40 lengths leave at most 8 sizes' buffers.
+BOOST_AUTO_TEST_CASE(scratch_buffers_are_kept_for_a_few_sizes_only) {
+    constexpr std::size_t width = 64, lengths = 40, kept = 8;
+    Tape<double> tape;
+    const long long before = live_bytes;
+    for (std::size_t length = 1; length <= lengths; ++length) {
+        tape.clear();
+        const Var<double> x = tape.leaf(Tensor<double>(Shape{length, width}, 0.5));
+        tape.backward(sum(mul(x, x)));
+        BOOST_TEST(x.grad()[0] == 1.0);  // d(Σ x²)/dx = 2x
+    }
+    // Held now: the graph's own buffers at the last length (x, x·x, Σ: values and gradients,
+    // well under 4 tensors of 40×64) and the scratch buffers. One buffer per length would hold
+    // 64·(1 + 2 + … + 40) = 52,480 doubles; 8 sizes at most 8·40·64 = 20,480.
+    const long long held = live_bytes - before;
+    const long long bound = static_cast<long long>((4 + kept) * lengths * width * sizeof(double));
+    BOOST_TEST_MESSAGE("bytes held after " << lengths << " lengths: " << held << " (bound " << bound << ")");
+    BOOST_TEST(held <= bound);
 }
 
 BOOST_AUTO_TEST_CASE(a_leaf_from_a_reference_copies_and_a_temporary_moves) {
