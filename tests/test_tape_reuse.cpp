@@ -1,6 +1,7 @@
 // The lean tape: clear() keeps every node's buffers for the next graph (no allocation when the
-// same graph is recorded again), and so does a new tape made after one died; reused tapes give
-// bit-identical gradients, leaves copied from a reference keep the source intact, and Tape::replay's incremental updates (MatMul::update,
+// same graph is recorded again), and so does a new tape made after one died; the backward's
+// scratch buffers stay few; reused tapes give bit-identical gradients, leaves copied from a
+// reference keep the source intact, and Tape::replay's incremental updates (MatMul::update,
 // Softmax::update, which the checker's finite differences run on) agree with a full recompute.
 #define BOOST_TEST_MODULE tape_reuse
 #include "support.hpp"
@@ -147,8 +148,8 @@ BOOST_AUTO_TEST_CASE(scratch_buffers_are_kept_for_a_few_sizes_only) {
         tape.backward(sum(mul(x, x)));
         BOOST_TEST(x.grad()[0] == 1.0);  // d(Σ x²)/dx = 2x
     }
-    // Held now: the graph's own buffers at the last length (x, x·x, Σ: values and gradients,
-    // well under 4 tensors of 40×64) and the scratch buffers. One buffer per length would hold
+    // Held now: the graph's own buffers at the last length (x and x·x, values and gradients: 4
+    // tensors of 40×64; Σ's are one number each) and the scratch buffers. One buffer per length would hold
     // 64·(1 + 2 + … + 40) = 52,480 doubles; 8 sizes at most 8·40·64 = 20,480.
     const long long held = live_bytes - before;
     const long long bound = static_cast<long long>((4 + kept) * lengths * width * sizeof(double));
