@@ -61,13 +61,16 @@ void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, 
 // weights = exp(scores − row_max) / Σ exp(scores − row_max), −inf scores giving exactly 0.
 void softmax_row(const double* scores, std::size_t n, double row_max, double* weights);
 void softmax_row(const float* scores, std::size_t n, float row_max, float* weights);
+// dS[k] = weights[k]·(upstream[k] − Σ_j upstream[j]·weights[j]) (softmax's VJP, one row).
+void softmax_vjp_row(const double* weights, const double* upstream, std::size_t n, double* dS);
+void softmax_vjp_row(const float* weights, const float* upstream, std::size_t n, float* dS);
 // x[k] = exp(x[k] − shift).
 void exp_shifted(double* x, std::size_t n, double shift);
 void exp_shifted(float* x, std::size_t n, float shift);
 // x[k] = c·x[k]; returns whether every result is finite.
 bool scale_row(double* x, std::size_t n, double c);
 bool scale_row(float* x, std::size_t n, float c);
-// max(x[0..n)) for n ≥ 1, and Σ x[0..n).
+// max(x[0..n)) for n ≥ 1 (NaN when any element is NaN), and Σ x[0..n).
 double max_of(const double* x, std::size_t n);
 float max_of(const float* x, std::size_t n);
 double sum_of(const double* x, std::size_t n);

@@ -26,12 +26,17 @@ struct Softmax {
     using Settings = NoSettings;
     using hooks_of = Softmax;  // declares `update` below
 
-    // One row: weights = exp(scores − max) / Σ exp(scores − max).
+    // The largest score of row r, refusing NaN and +inf.
     template <Scalar T>
-    static void normalise_row(const Tensor<T>& S, std::size_t r, T* weights) {
-        using std::exp;
+    static T checked_row_max(const Tensor<T>& S, std::size_t r) {
         const std::size_t n = S.cols();
         const T* scores = S.data().data() + r * n;
+        if constexpr (has_compiled_kernels<T>) {
+            if (n > fast::inline_row_size) {
+                const T row_max = fast::row_max_vectorised(scores, n);  // NaN if any score is NaN
+                if (is_finite(row_max)) return row_max;                 // so no NaN and no +inf here
+            }
+        }
         T row_max = -std::numeric_limits<T>::infinity();
         for (std::size_t j = 0; j < n; ++j) {
             if (is_nan(scores[j]) || scores[j] == std::numeric_limits<T>::infinity()) {
@@ -41,6 +46,16 @@ struct Softmax {
             }
             if (scores[j] > row_max) row_max = scores[j];
         }
+        return row_max;
+    }
+
+    // One row: weights = exp(scores − max) / Σ exp(scores − max).
+    template <Scalar T>
+    static void normalise_row(const Tensor<T>& S, std::size_t r, T* weights) {
+        using std::exp;
+        const std::size_t n = S.cols();
+        const T* scores = S.data().data() + r * n;
+        const T row_max = checked_row_max(S, r);
         if (row_max == -std::numeric_limits<T>::infinity()) {  // every position hidden
             for (std::size_t j = 0; j < n; ++j) weights[j] = T(0);
             return;
@@ -98,6 +113,12 @@ struct Softmax {
             const T* weights = A.data().data() + r * n;
             const T* upstream = G.data().data() + r * n;
             T* out = dS.data().data() + r * n;
+            if constexpr (has_compiled_kernels<T>) {
+                if (n > fast::inline_row_size) {
+                    fast::softmax_vjp_row_vectorised(weights, upstream, n, out);  // the same formula, vectorised
+                    continue;
+                }
+            }
             T mean(0);  // Σ_k G_ik A_ik: the weighted mean of the upstream gradient
             for (std::size_t k = 0; k < n; ++k) mean += upstream[k] * weights[k];
             for (std::size_t j = 0; j < n; ++j) out[j] = weights[j] * (upstream[j] - mean);

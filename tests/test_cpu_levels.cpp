@@ -7,6 +7,7 @@
 #define BOOST_TEST_MODULE cpu_levels
 #include "support.hpp"
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -155,22 +156,56 @@ BOOST_AUTO_TEST_CASE(the_rounding_bound_rejects_a_product_missing_one_term) {
     BOOST_TEST(bound_ratio(kernels::Form::ab, m, n, k, A, B, C) > 1.0);
 }
 
+// Rows of 37 (past fast::inline_row_size, so the compiled max, row and VJP kernels run), values
+// and the VJP dS = A ∘ (G − Σ G·A) for an upstream G, against 50 digits.
 BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
     const RestoreLevel restore;
     std::mt19937_64 rng(13);
     Tensor<double> S = random_tensor({3, 37}, rng, 5.0);
     S[5] = S[40] = -std::numeric_limits<double>::infinity();  // hidden positions: exactly 0
+    const Tensor<double> G = random_tensor({3, 37}, rng, 2.0);
     Tape<mp50> reference_tape;
-    const Tensor<mp50> reference = softmax(reference_tape.leaf(tensor_cast<mp50>(S))).value();
+    const Var<mp50> S_reference = reference_tape.leaf(tensor_cast<mp50>(S));
+    const Var<mp50> A_reference = softmax(S_reference);
+    reference_tape.backward(A_reference, tensor_cast<mp50>(G));
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         Tape<double> tape;
-        const Tensor<double> A = softmax(tape.leaf(S)).value();
+        const Var<double> S_var = tape.leaf(S);
+        const Var<double> A = softmax(S_var);
+        tape.backward(A, G);
         BOOST_TEST_CONTEXT(cpu_level_name(level)) {
-            BOOST_TEST(A[5] == 0.0);
-            BOOST_TEST(A[40] == 0.0);
+            BOOST_TEST(A.value()[5] == 0.0);
+            BOOST_TEST(A.value()[40] == 0.0);
             // n = 37 exps (a few ulps each) and one sum of 37 terms: ≤ 37·u + 4u ≈ 1e-14.
-            BOOST_TEST(mixed_error(A, reference) <= 1e-14);
+            BOOST_TEST(mixed_error(A.value(), A_reference.value()) <= 1e-14);
+            BOOST_TEST(S_var.grad()[5] == 0.0);  // a hidden position passes no gradient
+            // dS_j = A_j·(G_j − mean): A's 1e-14 times |G_j − mean| ≤ 2·|G|max (≤ 4: ~4e-14), the
+            // mean's 37 products and sums ≤ 38·u·Σ|G_k|A_k (≤ 2: ~2e-14); 1e-13 bounds both.
+            BOOST_TEST(mixed_error(S_var.grad(), S_reference.grad()) <= 1e-13);
+        }
+    }
+}
+
+// The compiled max propagates NaN, so a NaN score in a long row is refused by name, as in a short
+// one (Softmax::forward called directly: a tape would have refused the NaN before softmax saw it).
+BOOST_AUTO_TEST_CASE(softmax_refuses_nan_and_inf_in_long_rows_at_every_level) {
+    const RestoreLevel restore;
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+            Tensor<double> S(Shape{2, 40}, 0.5);
+            S[70] = bad;
+            const std::array<const Tensor<double>*, 1> inputs{&S};
+            Tensor<double> A, saved;
+            BOOST_TEST_CONTEXT(cpu_level_name(level) << ", score " << bad) {
+                BOOST_CHECK_EXCEPTION(Softmax::forward<double>({}, Inputs<double>(inputs), A, saved), value_error,
+                                      [&](const value_error& e) {
+                                          const std::string message = e.what();
+                                          return message.find("softmax: score") != std::string::npos &&
+                                                 message.find("(1, 30)") != std::string::npos;
+                                      });
+            }
         }
     }
 }
@@ -290,6 +325,9 @@ void check_offsets_at_every_level() {
             compiled::softmax_row(scores.data() + offset, 301, T(3), weights.data() + offset);
             r.assign(weights.begin() + std::ptrdiff_t(offset), weights.end());
             r.push_back(compiled::sum_of(scores.data() + offset, 301));
+            std::vector<T> dS(offset + 301);
+            compiled::softmax_vjp_row(weights.data() + offset, scores.data() + offset, 301, dS.data() + offset);
+            r.insert(r.end(), dS.begin() + std::ptrdiff_t(offset), dS.end());
             // A tiny product (plain loops) and one through the blocked GEMM.
             for (const std::size_t size : {5, 40}) {
                 const std::vector<T> A = placed(offset, size * size);

@@ -54,6 +54,7 @@ const std::vector<Misuse> misuses = {
     // Values.
     {"NaN leaf", Kind::value, on_tape([](auto& t, auto, auto, auto) { t.leaf(Tensor<double>::matrix({{1, nan}})); }), {"leaf", "NaN", "an unnamed leaf", "(0, 1)", "[1x2]"}},
     {"+inf score", Kind::value, on_tape([](auto& t, auto, auto, auto) { softmax(t.leaf(Tensor<double>::matrix({{1, inf}}))); }), {"softmax", "inf", "(0, 1)"}},
+    {"+inf score, long row", Kind::value, on_tape([](auto& t, auto, auto, auto) { Tensor<double> S(Shape{1, 40}, 0.5); S[30] = inf; softmax(t.leaf(S)); }), {"softmax", "inf", "(0, 30)"}},
     {"scale by inf", Kind::value, on_tape([](auto&, auto a, auto, auto) { scale(a, inf); }), {"scale", "inf", "not finite"}},
     {"mask value", Kind::value, on_tape([](auto& t, auto a, auto, auto) { mask(a, t.constant(filled({2, 3}, 0.5))); }), {"mask", "0.5", "(0, 0)"}},
     {"inf - inf is NaN", Kind::value, on_tape([](auto& t, auto, auto, auto) { add(t.leaf(Tensor<double>::matrix({{inf}})), t.leaf(Tensor<double>::matrix({{-inf}}))); }), {"add", "NaN", "output"}},

@@ -25,6 +25,23 @@ void softmax_row_vectorised(const T* scores, std::size_t n, const T& row_max, T*
     compiled::softmax_row(scores, n, row_max, weights);
 }
 
+// Rows up to this length take the op's own loops for the max and the VJP: a call into the
+// library costs more than their few operations (T = 2 attention).
+inline constexpr std::size_t inline_row_size = 16;
+
+// The largest of n ≥ 1 scores, vectorised; NaN when any score is NaN.
+template <class T>
+T row_max_vectorised(const T* scores, std::size_t n) {
+    return compiled::max_of(scores, n);
+}
+
+// Softmax's VJP for one row, dS_j = A_j·(G_j − Σ_k G_k A_k), vectorised (the mean summed in a fixed
+// order of 16 running sums, so its rounding differs from the generic loop's by a few ulps).
+template <class T>
+void softmax_vjp_row_vectorised(const T* weights, const T* upstream, std::size_t n, T* dS) {
+    compiled::softmax_vjp_row(weights, upstream, n, dS);
+}
+
 // Replay of one row after its scores moved (the checker perturbs one coordinate by h ≤ 1e-14 at
 // a time). A row whose scores moved by small δ_j = S'_ij − S_ij is updated without exp:
 //   A'_ij = A_ij·e^δ_j / Σ_k A_ik·e^δ_k   (the max and Z cancel),

@@ -116,6 +116,12 @@ void softmax_row(const double* scores, std::size_t n, double row_max, double* we
 void softmax_row(const float* scores, std::size_t n, float row_max, float* weights) {
     active().f32.softmax_row(scores, n, row_max, weights);
 }
+void softmax_vjp_row(const double* weights, const double* upstream, std::size_t n, double* dS) {
+    active().f64.softmax_vjp_row(weights, upstream, n, dS);
+}
+void softmax_vjp_row(const float* weights, const float* upstream, std::size_t n, float* dS) {
+    active().f32.softmax_vjp_row(weights, upstream, n, dS);
+}
 void exp_shifted(double* x, std::size_t n, double shift) { active().f64.exp_shifted(x, n, shift); }
 void exp_shifted(float* x, std::size_t n, float shift) { active().f32.exp_shifted(x, n, shift); }
 bool scale_row(double* x, std::size_t n, double c) { return active().f64.scale_row(x, n, c); }

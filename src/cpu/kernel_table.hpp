@@ -14,6 +14,7 @@ struct KernelsFor {
     void (*gemm_rows)(kernels::Form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
                       bool accumulate, std::size_t first, std::size_t rows);
     void (*softmax_row)(const T* scores, std::size_t n, T row_max, T* weights);
+    void (*softmax_vjp_row)(const T* weights, const T* upstream, std::size_t n, T* dS);
     void (*exp_shifted)(T* x, std::size_t n, T shift);
     bool (*scale_row)(T* x, std::size_t n, T c);
     T (*max_of)(const T* x, std::size_t n);

@@ -73,19 +73,24 @@ void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, 
     }
 }
 
-// Σ x[0..n) added in one fixed order: 16 running sums (x[j] goes to sum j mod 16; the compiler
-// vectorises them at every level's width), then combined pairwise.
-template <class T>
-T sum_in_fixed_order(const T* x, std::size_t n) {
+// Σ term(j) for j in [0, n) added in one fixed order: 16 running sums (term j goes to sum j mod 16;
+// the compiler vectorises them at every level's width), then combined pairwise.
+template <class T, class Term>
+T sum_terms_in_fixed_order(std::size_t n, const Term& term) {
     constexpr std::size_t lanes = 16;
     std::array<T, lanes> partial{};
     std::size_t j = 0;
     for (; j + lanes <= n; j += lanes)
-        for (std::size_t l = 0; l < lanes; ++l) partial[l] += x[j + l];
-    for (std::size_t l = 0; j < n; ++j, ++l) partial[l] += x[j];
+        for (std::size_t l = 0; l < lanes; ++l) partial[l] += term(j + l);
+    for (std::size_t l = 0; j < n; ++j, ++l) partial[l] += term(j);
     for (std::size_t width = lanes / 2; width > 0; width /= 2)
         for (std::size_t l = 0; l < width; ++l) partial[l] += partial[l + width];
     return partial[0];
+}
+
+template <class T>
+T sum_in_fixed_order(const T* x, std::size_t n) {
+    return sum_terms_in_fixed_order<T>(n, [x](std::size_t j) { return x[j]; });
 }
 
 // x[k] = exp(x[k] − shift), each element through Eigen's packet exp: blocks of 64 are copied into
@@ -129,6 +134,14 @@ void softmax_row(const T* scores, std::size_t n, T row_max, T* weights) {
     for (std::size_t j = 0; j < n; ++j) weights[j] /= total;
 }
 
+// Softmax's VJP for one row (ops/softmax.hpp): dS_j = A_j·(G_j − Σ_k G_k A_k), the mean summed in a
+// fixed order.
+template <class T>
+void softmax_vjp_row(const T* weights, const T* upstream, std::size_t n, T* dS) {
+    const T mean = sum_terms_in_fixed_order<T>(n, [&](std::size_t j) { return upstream[j] * weights[j]; });
+    for (std::size_t k = 0; k < n; ++k) dS[k] = weights[k] * (upstream[k] - mean);
+}
+
 template <class T>
 bool scale_row(T* x, std::size_t n, T c) {
     ArrayMap<T> a(x, Eigen::Index(n));
@@ -136,9 +149,10 @@ bool scale_row(T* x, std::size_t n, T c) {
     return a.isFinite().all();
 }
 
+// NaN when any element is NaN (a finite result proves the row has no NaN and no +inf).
 template <class T>
 T max_of(const T* x, std::size_t n) {
-    return ConstArrayMap<T>(x, Eigen::Index(n)).maxCoeff();
+    return ConstArrayMap<T>(x, Eigen::Index(n)).template maxCoeff<Eigen::PropagateNaN>();
 }
 
 template <class T>
@@ -219,7 +233,7 @@ void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
 
 template <class T>
 constexpr KernelsFor<T> kernels_for() {
-    return {&gemm_rows<T>, &softmax_row<T>,         &exp_shifted<T>, &scale_row<T>,  &max_of<T>,
+    return {&gemm_rows<T>, &softmax_row<T>, &softmax_vjp_row<T>, &exp_shifted<T>, &scale_row<T>, &max_of<T>,
             &sum_of<T>,    &score_gradient_row<T>, &any_nan<T>,     &gelu_tanh<T>, &gelu_tanh_vjp<T>};
 }
 
