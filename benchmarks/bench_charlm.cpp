@@ -2,12 +2,14 @@
 // language model of examples/charlm.hpp at the example's default size, tapegrad against the same
 // model written in LibTorch C++ (the engines compared, not Python): each side runs complete
 // training steps (forward, backward, global-norm clipping, AdamW with the warm-up + cosine rate)
-// from the same initial parameters on the same batches. The two alternate, round by round, on this
-// thread's CPU clock; the lines give the median and the best round:
-//   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… statistic=median|best|overall
+// from the same initial parameters on the same batches. tapegrad runs twice, with each attention
+// kernel (fused, the example's default, and composed); the three alternate, round by round, on
+// this thread's CPU clock; the lines give the median and the best round:
+//   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… kernel=fused|composed
+//     statistic=median|best|overall
 // (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
-// (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of both
-// sides are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
+// (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of every
+// side are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
 // same computation and a WARNING says so.
 // LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
 // reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -162,11 +165,27 @@ int main() {
 
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();
-    CharLmTrainer ours(settings, corpus);
-    const TransformerConfig& c = ours.config();
+    // One tapegrad side per attention kernel, from the same initial parameters (a trainer owns its
+    // tape, which does not move: the sides are built in place).
+    struct Side {
+        Side(const CharLmSettings& settings, AttentionKernel k, const Corpus& corpus)
+            : kernel(k), trainer(with_kernel(settings, k), corpus) {}
+        static CharLmSettings with_kernel(CharLmSettings settings, AttentionKernel k) {
+            settings.kernel = k;
+            return settings;
+        }
+        AttentionKernel kernel;
+        CharLmTrainer trainer;
+        std::vector<double> rates;
+    };
+    std::deque<Side> ours;
+    for (const AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::composed}) {
+        ours.emplace_back(settings, kernel, corpus);
+    }
+    const TransformerConfig& c = ours.front().trainer.config();
     const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
     constexpr std::size_t rounds = 41, steps_per_round = 2, checked_steps = 3;  // 41: a steady median on a shared machine
-    std::vector<double> ours_rates, theirs_rates;
+    std::vector<double> theirs_rates;
 
 #ifdef TAPEGRAD_HAVE_TORCH
     // LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built
@@ -175,8 +194,9 @@ int main() {
     {
         const torch::Tensor a = torch::rand({static_cast<long>(tokens_per_step), static_cast<long>(c.width)}, torch::kDouble),
                             b = torch::rand({static_cast<long>(c.width), static_cast<long>(4 * c.width)}, torch::kDouble);
+        for (int round = 0; round < 3; ++round) (void)a.mm(b);  // warm-up: BLAS start-up, first page faults
         std::vector<double> samples;
-        for (int round = 0; round < 7; ++round) {
+        for (int round = 0; round < 21; ++round) {
             const double start = thread_seconds();
             const torch::Tensor product = a.mm(b);
             samples.push_back(thread_seconds() - start);
@@ -184,45 +204,41 @@ int main() {
         fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
                    2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
     }
-    TorchCharLm theirs(ours.parameters(), c, settings);
+    TorchCharLm theirs(ours.front().trainer.parameters(), c, settings);
     std::size_t their_steps = 0;
     const auto their_step = [&] {
         const double loss = theirs.step(training_batch(corpus, settings, their_steps), settings.schedule().rate(their_steps));
         ++their_steps;
         return loss;
     };
-    // Same computation first: the losses of the first steps must agree (both from one start).
+    // Same computation first: the losses of the first steps must agree (all from one start).
     double worst = 0;
     for (std::size_t s = 0; s < checked_steps; ++s) {
-        const double a = ours.step(), b = their_step();
-        worst = std::max(worst, std::abs(a - b) / std::abs(b));
+        const double b = their_step();
+        for (Side& side : ours) worst = std::max(worst, std::abs(side.trainer.step() - b) / std::abs(b));
     }
     if (!(worst <= 1e-9)) fmt::print("WARNING: the first losses differ from LibTorch's by {:.3g} (relative)\n", worst);
     fmt::print("agreement first_{}_losses_max_relative_difference={:.2e}\n", checked_steps, worst);
 #endif
+    const auto timed_rate = [&](const auto& step) {
+        const double start = thread_seconds();
+        for (std::size_t s = 0; s < steps_per_round; ++s) step();
+        return tokens_per_step * steps_per_round / (thread_seconds() - start);
+    };
     for (std::size_t round = 0; round < rounds; ++round) {
-        double start = thread_seconds();
-        for (std::size_t s = 0; s < steps_per_round; ++s) ours.step();
-        ours_rates.push_back(tokens_per_step * steps_per_round / (thread_seconds() - start));
+        for (Side& side : ours) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
 #ifdef TAPEGRAD_HAVE_TORCH
-        start = thread_seconds();
-        for (std::size_t s = 0; s < steps_per_round; ++s) their_step();
-        theirs_rates.push_back(tokens_per_step * steps_per_round / (thread_seconds() - start));
+        theirs_rates.push_back(timed_rate(their_step));
 #endif
     }
-    const auto line = [&](const char* statistic, double ours_rate, double theirs_rate) {
-        if (theirs_rates.empty()) {
-            fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} libtorch_tokens_per_s=NA ratio=NA statistic={}\n",
-                       c.layers, c.width, settings.context, ours_rate, statistic);
-        } else {
-            fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} libtorch_tokens_per_s={:.0f} ratio={:.3f} "
-                       "statistic={}\n",
-                       c.layers, c.width, settings.context, ours_rate, theirs_rate, ours_rate / theirs_rate, statistic);
-        }
+    const auto line = [&](AttentionKernel kernel, const char* statistic, double ours_rate, double theirs_rate) {
+        const std::string theirs_figures =
+            theirs_rates.empty() ? std::string("libtorch_tokens_per_s=NA ratio=NA")
+                                 : fmt::format("libtorch_tokens_per_s={:.0f} ratio={:.3f}", theirs_rate, ours_rate / theirs_rate);
+        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={}\n", c.layers, c.width,
+                   settings.context, ours_rate, theirs_figures, attention_kernel_name(kernel), statistic);
     };
     const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
-    line("median", median(ours_rates), theirs_rates.empty() ? 0.0 : median(theirs_rates));
-    line("best", best(ours_rates), best(theirs_rates));
     // Every round times the same tokens, so all rounds' tokens over all rounds' time (the run's
     // throughput) is the harmonic mean of the rates.
     const auto overall = [](const std::vector<double>& v) {
@@ -230,7 +246,11 @@ int main() {
         for (const double rate : v) seconds_per_token += 1.0 / rate;
         return v.empty() ? 0.0 : static_cast<double>(v.size()) / seconds_per_token;
     };
-    line("overall", overall(ours_rates), theirs_rates.empty() ? 0.0 : overall(theirs_rates));
+    for (const Side& side : ours) {
+        line(side.kernel, "median", median(side.rates), theirs_rates.empty() ? 0.0 : median(theirs_rates));
+        line(side.kernel, "best", best(side.rates), best(theirs_rates));
+        line(side.kernel, "overall", overall(side.rates), overall(theirs_rates));
+    }
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
                steps_per_round, rounds);
     return 0;

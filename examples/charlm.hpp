@@ -43,6 +43,9 @@ struct CharLmSettings {
     double clip_norm = 1.0;     // global gradient norm cap
     double beta2 = 0.99;        // nanoGPT's choice for small character models
     std::uint64_t seed = 1;     // initialisation and batches
+    // The same function either way (tests/test_transformer.cpp holds them together); fused keeps no
+    // T×T score matrices on the tape and trains faster (bench_charlm prints both).
+    AttentionKernel kernel = AttentionKernel::fused;
 
     TransformerConfig model(std::size_t vocabulary) const {
         TransformerConfig c;
@@ -52,6 +55,7 @@ struct CharLmSettings {
         c.heads = heads;
         c.layers = layers;
         c.seed = seed;
+        c.kernel = kernel;
         return c;
     }
     AdamSettings adam() const {

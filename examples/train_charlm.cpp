@@ -28,6 +28,7 @@ struct RunOptions {
     std::size_t eval_every = 200;
     std::size_t eval_windows = 64;
     std::size_t sample_length = 300;
+    std::string kernel{attention_kernel_name(CharLmSettings{}.kernel)};
     unsigned threads = 1;
     std::string save, load, prompt = "The ", curve, curve_data;
     std::vector<std::string> corpus;
@@ -51,6 +52,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("weight-decay", po::value(&m.weight_decay)->default_value(m.weight_decay), "AdamW weight decay (matrices)")
         ("clip", po::value(&m.clip_norm)->default_value(m.clip_norm), "gradient global-norm cap")
         ("seed", po::value(&m.seed)->default_value(m.seed), "initialisation and batches")
+        ("kernel", po::value(&r.kernel)->default_value(r.kernel), "attention kernel: fused or composed")
         ("threads", po::value(&r.threads)->default_value(r.threads), "threads (tapegrad::set_threads)")
         ("eval-every", po::value(&r.eval_every)->default_value(r.eval_every), "validation every this many steps")
         ("eval-windows", po::value(&r.eval_windows)->default_value(r.eval_windows), "validation windows during training")
@@ -68,6 +70,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
+    m.kernel = attention_kernel_from(r.kernel);
     return r;
 }
 
@@ -133,10 +136,10 @@ int run(const RunOptions& r) {
     const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;
     fmt::print("corpus: {} files, {} training and {} validation characters, alphabet of {}\n", files.size(),
                corpus.train.size(), corpus.validation.size(), corpus.alphabet.size());
-    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters; steps {}..{} of {}; {} thread(s)\n",
+    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters, {} attention; steps {}..{} of {}; {} thread(s)\n",
                r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
                [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
-               trainer.steps_done() + 1, last, r.model.steps, r.threads);
+               attention_kernel_name(r.model.kernel), trainer.steps_done() + 1, last, r.model.steps, r.threads);
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     Progress progress(last);

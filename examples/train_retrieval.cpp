@@ -37,12 +37,7 @@ int main(int argc, char** argv) {
         TrainingPlan plan;
         plan.steps = argc > 1 ? std::stoul(argv[1]) : 1000;
         RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
-        const std::string kernel = argc > 2 ? argv[2] : "composed";
-        if (kernel != "composed" && kernel != "fused") {
-            fmt::print(stderr, "train_retrieval: kernel must be 'composed' or 'fused', not '{}'\n", kernel);
-            return EXIT_FAILURE;
-        }
-        config.kernel = kernel == "fused" ? AttentionKernel::fused : AttentionKernel::composed;
+        config.kernel = attention_kernel_from(argc > 2 ? argv[2] : "composed");
         if (argc > 3) set_threads(static_cast<unsigned>(std::stoul(argv[3])));
         const auto start = std::chrono::steady_clock::now();
 
@@ -51,7 +46,7 @@ int main(int argc, char** argv) {
             fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}, {} "
                        "kernel, {} process{}\n",
                        config.pairs, config.keys, config.values, 100.0 / static_cast<double>(config.values),
-                       config.width, config.heads, plan.batch_size, kernel, worker.workers,
+                       config.width, config.heads, plan.batch_size, attention_kernel_name(config.kernel), worker.workers,
                        worker.workers == 1 ? "" : "es");
         }
         double running = 0;

@@ -32,6 +32,18 @@ enum class AttentionKernel {
     fused,     // one fused_attention op (causal + query_offset only; no padding, no dropout)
 };
 
+constexpr std::string_view attention_kernel_name(AttentionKernel kernel) {
+    return kernel == AttentionKernel::fused ? "fused" : "composed";
+}
+
+// The kernel a command line names ("composed" or "fused").
+inline AttentionKernel attention_kernel_from(std::string_view name) {
+    for (const AttentionKernel kernel : {AttentionKernel::composed, AttentionKernel::fused}) {
+        if (name == attention_kernel_name(kernel)) return kernel;
+    }
+    throw usage_error(fmt::format("attention kernel must be 'composed' or 'fused', not '{}'", name));
+}
+
 struct MultiHeadOptions {
     std::size_t heads = 1;
     bool causal = true;
