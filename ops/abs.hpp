@@ -7,6 +7,7 @@
 // a verified derivative; check this op on inputs away from 0.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -38,5 +39,10 @@ Var<T> abs(const Var<T>& A) {
     checks::non_empty(Abs::name, "A", A);
     return A.tape().template record<Abs>({A});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> abs<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -6,6 +6,7 @@
 //   ∂J/∂A_i = Σ_{k → i} G_k: G itself when A has C's shape, summed over the copies otherwise.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -33,5 +34,10 @@ Var<T> add(const Var<T>& A, const Var<T>& B) {
     broadcastable(Add::name, A, B);
     return A.tape().template record<Add>({A, B});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> add<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -8,6 +8,7 @@
 // would broadcast into something else) is refused with the op's name and both shapes.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/add.hpp"
 #include "ops/checks.hpp"
 
@@ -25,5 +26,10 @@ Var<T> add_bias(const Var<T>& X, const Var<T>& bias) {
     }
     return add(X, bias);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> add_bias<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -11,6 +11,7 @@
 // from its bounds. lo > hi, or a NaN bound, raises value_error.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -51,5 +52,10 @@ Var<T> clamp(const Var<T>& A, const std::type_identity_t<T>& lo, const std::type
     }
     return A.tape().template record<Clamp>({A}, Clamp::Settings<T>{lo, hi});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> clamp<T>(const Var<T>&, const std::type_identity_t<T>&, const std::type_identity_t<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -17,6 +17,7 @@
 // X_4), 9 inputs 3 nodes, 17 inputs 6.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/axis.hpp"
 #include "autodiff/tape.hpp"
@@ -139,5 +140,12 @@ template <Scalar T>
 Var<T> concat(const std::vector<Var<T>>& parts, std::ptrdiff_t axis) {
     return concat(std::span<const Var<T>>(parts), axis);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> concat<T>(std::span<const Var<T>>, std::ptrdiff_t); \
+    TAPEGRAD_INSTANCE Var<T> concat<T>(std::initializer_list<Var<T>>, std::ptrdiff_t); \
+    TAPEGRAD_INSTANCE Var<T> concat<T>(const std::vector<Var<T>>&, std::ptrdiff_t);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

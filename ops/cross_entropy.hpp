@@ -11,6 +11,7 @@
 // because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/log_softmax.hpp"
 #include "autodiff/tape.hpp"
@@ -82,5 +83,10 @@ Var<T> cross_entropy(const Var<T>& logits, std::span<const std::size_t> targets)
     return logits.tape().template record<CrossEntropy>(
         {logits}, CrossEntropy::Settings{std::vector<std::size_t>(targets.begin(), targets.end())});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> cross_entropy<T>(const Var<T>&, std::span<const std::size_t>);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -8,6 +8,7 @@
 //   An input element read by several output elements receives the sum of their contributions.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -46,5 +47,10 @@ Var<T> div(const Var<T>& A, const Var<T>& B) {
     checks::no_zero_divisor(Div::name, "the divisor B", B);
     return A.tape().template record<Div>({A, B});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> div<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

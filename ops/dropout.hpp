@@ -9,6 +9,7 @@
 // because Y_k is linear in X_k with slope M_k/(1−p). M has no gradient.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -92,5 +93,11 @@ Var<T> dropout(const Var<T>& X, double p, std::mt19937_64& generator) {
     const Var<T> keep = X.tape().constant(tensor_cast<T>(draw_keep_mask(X.shape(), p, generator)), "dropout keep-mask");
     return dropout_with_mask(X, keep, p);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> dropout_with_mask<T>(const Var<T>&, const Var<T>&, double); \
+    TAPEGRAD_INSTANCE Var<T> dropout<T>(const Var<T>&, double, std::mt19937_64&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

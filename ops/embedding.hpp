@@ -10,6 +10,7 @@
 // they have no gradient.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -89,5 +90,11 @@ Var<T> embedding(const Var<T>& table, std::span<const std::size_t> indices, std:
     }
     return detail::record_embedding(table, indices, batch);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> embedding<T>(const Var<T>&, std::span<const std::size_t>); \
+    TAPEGRAD_INSTANCE Var<T> embedding<T>(const Var<T>&, std::span<const std::size_t>, std::size_t);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

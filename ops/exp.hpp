@@ -7,6 +7,7 @@
 // value_error naming the value and its index: an infinite value would only turn into NaN later.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -46,5 +47,10 @@ Var<T> exp(const Var<T>& A) {
     checks::non_empty(Exp::name, "A", A);
     return A.tape().template record<Exp>({A});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> exp<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -38,6 +38,7 @@
 // raise shape_error / value_error naming fused_attention and the shapes or values at fault.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "autodiff/kernels.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
@@ -399,5 +400,11 @@ Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool c
                        FusedAttentionTiles tiles) {
     return record_fused_attention<FusedAttention>(Q, K, V, causal, query_offset, tiles);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, bool, std::size_t); \
+    TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, bool, std::size_t, FusedAttentionTiles);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

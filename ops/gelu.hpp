@@ -13,6 +13,7 @@
 // same formulas through ½(1 + tanh u) = 1/(1 + e^{−2u}), vectorised; equal to rounding).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "autodiff/cpu.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/checks.hpp"
@@ -92,5 +93,10 @@ Var<T> gelu(const Var<T>& A, GeluForm form = GeluForm::tanh) {
     checks::non_empty(Gelu::name, "A", A);
     return A.tape().template record<Gelu>({A}, Gelu::Settings{form});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> gelu<T>(const Var<T>&, GeluForm);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -13,6 +13,7 @@
 //   dg_j = Σ_rows G_j·x̂_j,   db_j = Σ_rows G_j   (each row uses g and b once, with slopes x̂ and 1).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -114,5 +115,10 @@ Var<T> layer_norm(const Var<T>& X, const Var<T>& gain, const Var<T>& bias, Layer
     }
     return X.tape().template record<LayerNorm>({X, gain, bias}, LayerNorm::Settings<T>{T(settings.epsilon)});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> layer_norm<T>(const Var<T>&, const Var<T>&, const Var<T>&, LayerNormSettings);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -5,6 +5,7 @@
 // of a negative number is NaN. ln(+inf) = +inf is allowed; its derivative there is 0.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -41,5 +42,10 @@ Var<T> log(const Var<T>& A) {
     checks::non_empty(Log::name, "A", A);
     return A.tape().template record<Log>({A});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> log<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

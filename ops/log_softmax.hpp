@@ -11,6 +11,7 @@
 //   term gives G itself, whose rows need not sum to zero although Y is invariant to a row shift.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -93,5 +94,10 @@ Var<T> log_softmax(const Var<T>& S) {
     if (S.shape().rank() == 0) throw shape_error("log_softmax: S must have at least one dimension, got a scalar");
     return S.tape().template record<LogSoftmax>({S});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> log_softmax<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

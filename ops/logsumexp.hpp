@@ -17,6 +17,7 @@
 // of Y's rounding (ulp(1e4) ≈ 2e-12 in double) in every weight.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/axis.hpp"
 #include "autodiff/tape.hpp"
@@ -100,5 +101,10 @@ Var<T> logsumexp(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(LogSumExp::name, X, axis, keepdims);
     return X.tape().template record<LogSumExp>({X}, s);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> logsumexp<T>(const Var<T>&, int, bool);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -7,6 +7,7 @@
 // From C_ij = Σ_p A_ip B_pj: ∂J/∂A_ip = Σ_j G_ij B_pj and ∂J/∂B_pj = Σ_i A_ip G_ij.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/kernels.hpp"
 #include "autodiff/tape.hpp"
@@ -94,5 +95,10 @@ Var<T> matmul(const Var<T>& A, const Var<T>& B) {
     }
     return A.tape().template record<MatMul>({A, B});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> matmul<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -18,6 +18,7 @@
 // equality is exact): nothing is saved.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/axis.hpp"
 #include "autodiff/tape.hpp"
@@ -66,5 +67,10 @@ Var<T> max(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(Max::name, X, axis, keepdims);
     return X.tape().template record<Max>({X}, s);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> max<T>(const Var<T>&, int, bool);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -10,6 +10,7 @@
 //   broadcast of G, divided by n.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/axis.hpp"
 #include "autodiff/tape.hpp"
@@ -58,5 +59,10 @@ Var<T> mean(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(Mean::name, X, axis, keepdims);
     return X.tape().template record<Mean>({X}, s);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> mean<T>(const Var<T>&, int, bool);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

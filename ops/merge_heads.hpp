@@ -5,6 +5,7 @@
 // VJP: dX_{b,h,t,c} = G_{b,t,h·dh+c}: the inverse permutation of G (that is split_heads).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/split_heads.hpp"
 
 namespace tapegrad {
@@ -46,5 +47,10 @@ Var<T> merge_heads(const Var<T>& X) {
     }
     return X.tape().template record<MergeHeads>({X});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> merge_heads<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -6,6 +6,7 @@
 //   output elements receives the sum: ∂J/∂A_i = Σ_{k → i} G_k·B_ib.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -43,5 +44,10 @@ Var<T> mul(const Var<T>& A, const Var<T>& B) {
     broadcastable(Mul::name, A, B);
     return A.tape().template record<Mul>({A, B});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> mul<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -3,6 +3,7 @@
 // VJP: dX = −G  (∂Y_k/∂X_k = −1, and each Y_k depends on X_k alone).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -31,5 +32,10 @@ Var<T> neg(const Var<T>& X) {
     checks::non_empty(Neg::name, "X", X);
     return X.tape().template record<Neg>({X});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> neg<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

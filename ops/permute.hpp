@@ -10,6 +10,7 @@
 // right only when π is its own inverse, as a swap of two axes is; a cycle such as (1, 2, 0) is not.)
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -113,5 +114,11 @@ template <Scalar T>
 Var<T> permute(const Var<T>& X, std::initializer_list<std::size_t> axes) {
     return permute(X, std::span<const std::size_t>(axes.begin(), axes.size()));
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> permute<T>(const Var<T>&, std::span<const std::size_t>); \
+    TAPEGRAD_INSTANCE Var<T> permute<T>(const Var<T>&, std::initializer_list<std::size_t>);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -15,6 +15,7 @@
 // A power that overflows to +inf (1e200² in double) raises value_error, as in ops/exp.hpp.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -89,5 +90,10 @@ Var<T> pow(const Var<T>& A, const std::type_identity_t<T>& p) {
     if (!is_finite(p)) throw value_error(fmt::format("pow: the exponent {} is not finite", to_double(p)));
     return A.tape().template record<Pow>({A}, Pow::Settings<T>{p});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> pow<T>(const Var<T>&, const std::type_identity_t<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -3,6 +3,7 @@
 // VJP: dX = −G ∘ Y²  (d(x⁻¹)/dx = −x⁻² = −(1/x)², read from the saved output Y).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -37,5 +38,10 @@ Var<T> reciprocal(const Var<T>& X) {
     checks::no_zero_divisor(Reciprocal::name, "X", X);
     return X.tape().template record<Reciprocal>({X});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> reciprocal<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

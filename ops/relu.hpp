@@ -6,6 +6,7 @@
 // a coordinate as AT A KINK (check/report.hpp, kink_threshold), neither a pass nor a failure.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -35,5 +36,10 @@ Var<T> relu(const Var<T>& A) {
     checks::non_empty(Relu::name, "A", A);
     return A.tape().template record<Relu>({A});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> relu<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

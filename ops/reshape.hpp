@@ -6,6 +6,7 @@
 // dX_l = Σ_k G_k δ_kl = G_l at the same flat position: G reshaped back.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -48,5 +49,10 @@ Var<T> reshape(const Var<T>& X, const Shape& shape) {
     }
     return X.tape().template record<Reshape>({X}, Reshape::Settings{shape});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> reshape<T>(const Var<T>&, const Shape&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -2,6 +2,7 @@
 // VJP: dX = c·G  (∂Y_i/∂X_i = c).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -41,5 +42,10 @@ Var<T> scale(const Var<T>& X, const T& c) {
     if (!is_finite(c)) throw value_error(fmt::format("scale: the factor {} is not finite", to_double(c)));
     return X.tape().template record<Scale>({X}, Scale::Settings<T>{c});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> scale<T>(const Var<T>&, const T&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

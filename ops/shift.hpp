@@ -3,6 +3,7 @@
 // VJP: dX = G  (∂Y_k/∂X_k = 1; the constant has no gradient).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -36,5 +37,10 @@ Var<T> shift(const Var<T>& X, const T& c) {
     if (!is_finite(c)) throw value_error(fmt::format("shift: the constant {} is not finite", to_double(c)));
     return X.tape().template record<Shift>({X}, Shift::Settings<T>{c});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> shift<T>(const Var<T>&, const T&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -8,6 +8,7 @@
 // In double σ(±1e4) is exactly 1 and 0 with derivative 0, never NaN; σ(±inf) = 1, 0.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -47,5 +48,10 @@ Var<T> sigmoid(const Var<T>& A) {
     checks::non_empty(Sigmoid::name, "A", A);
     return A.tape().template record<Sigmoid>({A});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> sigmoid<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

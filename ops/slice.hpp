@@ -10,6 +10,7 @@
 // range reaches no output and gets no gradient.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/axis.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -76,5 +77,10 @@ Var<T> slice(const Var<T>& X, std::ptrdiff_t axis, std::size_t begin, std::size_
     }
     return X.tape().template record<Slice>({X}, Slice::Settings{a, begin, end});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> slice<T>(const Var<T>&, std::ptrdiff_t, std::size_t, std::size_t);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -10,6 +10,7 @@
 // denominator Z. Dropping the denominator path would give A ∘ G, whose rows no longer sum to 0.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/fast/softmax_rows.hpp"
@@ -137,5 +138,10 @@ Var<T> softmax(const Var<T>& S) {
     if (S.shape().rank() == 0) throw shape_error("softmax: S must have at least one dimension, got a scalar");
     return S.tape().template record<Softmax>({S});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> softmax<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -6,6 +6,7 @@
 // permutation of G (that is merge_heads).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -79,5 +80,10 @@ Var<T> split_heads(const Var<T>& X, std::size_t heads) {
     }
     return X.tape().template record<SplitHeads>({X}, SplitHeads::Settings{heads});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> split_heads<T>(const Var<T>&, std::size_t);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -6,6 +6,7 @@
 //   output elements receives the sum of their contributions: ∂J/∂B_i = −Σ_{k → i} G_k.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/broadcast.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -36,5 +37,10 @@ Var<T> sub(const Var<T>& A, const Var<T>& B) {
     broadcastable(Sub::name, A, B);
     return A.tape().template record<Sub>({A, B});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> sub<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

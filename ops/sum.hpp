@@ -4,6 +4,7 @@
 // here so that both overloads of sum come with this header.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "ops/sum_axis.hpp"
 #include "autodiff/tape.hpp"
@@ -34,5 +35,10 @@ Var<T> sum(const Var<T>& X) {
     checks::non_empty(Sum::name, "X", X);
     return X.tape().template record<Sum>({X});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> sum<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -12,6 +12,7 @@
 //   the shape of G (a 1 where the axis was), not its flat order.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/axis.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
@@ -62,5 +63,10 @@ Var<T> sum(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(SumAxis::name, X, axis, keepdims);
     return X.tape().template record<SumAxis>({X}, s);
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> sum<T>(const Var<T>&, int, bool);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

@@ -3,6 +3,7 @@
 // VJP: dX = Gᵀ  (each output coordinate is one input coordinate, moved back).
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
@@ -51,5 +52,10 @@ Var<T> transpose(const Var<T>& X) {
     checks::matrix(Transpose::name, "X", X);
     return X.tape().template record<Transpose>({X});
 }
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> transpose<T>(const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
 
 }  // namespace tapegrad

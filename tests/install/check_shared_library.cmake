@@ -1,8 +1,9 @@
 # Checks the built shared library (cmake -P; run by CTest): its soname is libtapegrad.so.<SOVERSION>,
-# and its dynamic symbol table exports the entry points of autodiff/cpu.hpp and nothing outside
-# namespace tapegrad: no per-level table getter (tapegrad_kernels_<level>), no weak copy of an
-# inline function (fmt's, the standard library's, tapegrad's own), which a program would otherwise
-# bind to by accident (cmake/libtapegrad.map keeps them local).
+# and its dynamic symbol table exports the entry points of autodiff/cpu.hpp, the ops' instances
+# (autodiff/instances.hpp: matmul<double>, ...) and nothing outside namespace tapegrad: no
+# per-level table getter (tapegrad_kernels_<level>), no weak copy of an inline function (fmt's, the
+# standard library's, tapegrad's own), which a program would otherwise bind to by accident
+# (cmake/libtapegrad.map keeps them local).
 # Arguments (-D): LIBRARY (the .so), SOVERSION, NM, READELF. Fault control: with UNFILTERED_FROM
 # set to libtapegrad.a, the script first links that archive into a shared library of the same
 # soname without the version script, and checks that one instead, which must be rejected.
@@ -35,7 +36,11 @@ foreach(line IN LISTS symbols)
   list(GET fields 1 name)
   if(NOT name MATCHES "^tapegrad::")
     list(APPEND outside "${name}")
-  elseif(type MATCHES "^[WVw]$")
+  elseif(type MATCHES "^[WVw]$" AND NOT name MATCHES ">\\(")
+    # Weak and not a template instance: a copy of an inline function. (Template instances are
+    # weak too: the ops' entry points the library compiles for float, double and mp50,
+    # autodiff/instances.hpp, and the function templates they call; their names end in
+    # "<arguments>(parameters)".)
     list(APPEND weak "${name}")
   endif()
 endforeach()
@@ -59,6 +64,14 @@ foreach(entry "tapegrad::cpu_level()" "tapegrad::cpu_level_available(tapegrad::C
   string(FIND "${symbols}" " T ${entry}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "${LIBRARY} does not export ${entry}")
+  endif()
+endforeach()
+# Some of the ops' instances (weak, W), one per library scalar type.
+foreach(entry "tapegrad::Var<double> tapegrad::matmul<double>(" "tapegrad::Var<float> tapegrad::softmax<float>("
+              "tapegrad::fused_attention<boost::multiprecision::")
+  string(FIND "${symbols}" "${entry}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "${LIBRARY} does not export the op instance ${entry}")
   endif()
 endforeach()
 list(LENGTH symbols count)

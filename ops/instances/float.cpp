@@ -1,0 +1,4 @@
+// Compiles every op's entry points for float, once, into the library (autodiff/instances.hpp): the
+// op headers declare these instances extern everywhere else.
+#define TAPEGRAD_INSTANTIATE_FOR float
+#include "ops/instances/all_ops.hpp"

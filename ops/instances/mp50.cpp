@@ -1,0 +1,4 @@
+// Compiles every op's entry points for mp50, once, into the library (autodiff/instances.hpp): the
+// op headers declare these instances extern everywhere else.
+#define TAPEGRAD_INSTANTIATE_FOR ::tapegrad::mp50
+#include "ops/instances/all_ops.hpp"
