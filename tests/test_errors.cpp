@@ -64,6 +64,7 @@ const std::vector<Misuse> misuses = {
     {"value from a cleared tape", Kind::usage, on_tape([](auto& t, auto a, auto, auto c) { t.clear(); add(a, c); }), {"cleared"}},
     {"stale value read", Kind::usage, on_tape([](auto& t, auto a, auto, auto) { t.clear(); (void)a.value(); }), {"value", "cleared"}},
     {"default Var", Kind::usage, [] { (void)Var<double>{}.value(); }, {"Var::value", "does not belong"}},
+    {"attention kernel word", Kind::usage, [] { (void)attention_kernel_from("flash"); }, {"attention kernel", "'composed' or 'fused'", "'flash'"}},
     {"backward non-scalar", Kind::usage, on_tape([](auto& t, auto a, auto, auto) { t.backward(a); }), {"backward", "[2x3]", "not a scalar", "upstream gradient"}},
     {"backward wrong G", Kind::shape, on_tape([](auto& t, auto a, auto, auto) { t.backward(a, filled({3, 2})); }), {"backward", "[3x2]", "[2x3]"}},
     {"backward twice", Kind::usage, on_tape([](auto& t, auto a, auto, auto) { const auto J = sum(a); t.backward(J); t.backward(J); }), {"backward", "zero_grad"}},
