@@ -151,6 +151,60 @@ private:
 };
 #endif
 
+// One tapegrad side per attention kernel, from the same initial parameters (a trainer owns its
+// tape, which does not move: the sides are built in place).
+struct Side {
+    Side(const CharLmSettings& settings, AttentionKernel k, const Corpus& corpus)
+        : kernel(k), trainer(with_kernel(settings, k), corpus) {}
+    static CharLmSettings with_kernel(CharLmSettings settings, AttentionKernel k) {
+        settings.kernel = k;
+        return settings;
+    }
+    AttentionKernel kernel;
+    CharLmTrainer trainer;
+    std::vector<double> rates;
+};
+
+// The median, best and overall lines of one tapegrad side against LibTorch's rates (none without
+// LibTorch). Every round times the same tokens, so all rounds' tokens over all rounds' time (the
+// run's throughput) is the harmonic mean of the rates.
+void print_lines(const Side& side, const std::vector<double>& theirs, const TransformerConfig& c) {
+    const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
+    const auto overall = [](const std::vector<double>& v) {
+        double seconds_per_token = 0;
+        for (const double rate : v) seconds_per_token += 1.0 / rate;
+        return v.empty() ? 0.0 : static_cast<double>(v.size()) / seconds_per_token;
+    };
+    const auto line = [&](const char* statistic, double ours_rate, double theirs_rate) {
+        const std::string theirs_figures =
+            theirs.empty() ? std::string("libtorch_tokens_per_s=NA ratio=NA")
+                           : fmt::format("libtorch_tokens_per_s={:.0f} ratio={:.3f}", theirs_rate, ours_rate / theirs_rate);
+        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={}\n", c.layers, c.width,
+                   c.context, ours_rate, theirs_figures, attention_kernel_name(side.kernel), statistic);
+    };
+    line("median", median(side.rates), theirs.empty() ? 0.0 : median(theirs));
+    line("best", best(side.rates), best(theirs));
+    line("overall", overall(side.rates), overall(theirs));
+}
+
+#ifdef TAPEGRAD_HAVE_TORCH
+// LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built with
+// BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one warm GEMM of
+// the MLP's shape (tokens × D times D × 4D) shows which, since it dominates LibTorch's step.
+void print_libtorch_gemm_rate(long tokens, long width) {
+    const torch::Tensor a = torch::rand({tokens, width}, torch::kDouble), b = torch::rand({width, 4 * width}, torch::kDouble);
+    for (int round = 0; round < 3; ++round) (void)a.mm(b);  // warm-up: BLAS start-up, first page faults
+    std::vector<double> samples;
+    for (int round = 0; round < 21; ++round) {
+        const double start = thread_seconds();
+        const torch::Tensor product = a.mm(b);
+        samples.push_back(thread_seconds() - start);
+    }
+    fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
+               2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
+}
+#endif
+
 }  // namespace
 
 int main() {
@@ -165,19 +219,6 @@ int main() {
 
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();
-    // One tapegrad side per attention kernel, from the same initial parameters (a trainer owns its
-    // tape, which does not move: the sides are built in place).
-    struct Side {
-        Side(const CharLmSettings& settings, AttentionKernel k, const Corpus& corpus)
-            : kernel(k), trainer(with_kernel(settings, k), corpus) {}
-        static CharLmSettings with_kernel(CharLmSettings settings, AttentionKernel k) {
-            settings.kernel = k;
-            return settings;
-        }
-        AttentionKernel kernel;
-        CharLmTrainer trainer;
-        std::vector<double> rates;
-    };
     std::deque<Side> ours;
     for (const AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::composed}) {
         ours.emplace_back(settings, kernel, corpus);
@@ -188,22 +229,7 @@ int main() {
     std::vector<double> theirs_rates;
 
 #ifdef TAPEGRAD_HAVE_TORCH
-    // LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built
-    // with BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one
-    // GEMM of the MLP's shape shows which, since it dominates LibTorch's step.
-    {
-        const torch::Tensor a = torch::rand({static_cast<long>(tokens_per_step), static_cast<long>(c.width)}, torch::kDouble),
-                            b = torch::rand({static_cast<long>(c.width), static_cast<long>(4 * c.width)}, torch::kDouble);
-        for (int round = 0; round < 3; ++round) (void)a.mm(b);  // warm-up: BLAS start-up, first page faults
-        std::vector<double> samples;
-        for (int round = 0; round < 21; ++round) {
-            const double start = thread_seconds();
-            const torch::Tensor product = a.mm(b);
-            samples.push_back(thread_seconds() - start);
-        }
-        fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
-                   2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
-    }
+    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width));
     TorchCharLm theirs(ours.front().trainer.parameters(), c, settings);
     std::size_t their_steps = 0;
     const auto their_step = [&] {
@@ -231,26 +257,7 @@ int main() {
         theirs_rates.push_back(timed_rate(their_step));
 #endif
     }
-    const auto line = [&](AttentionKernel kernel, const char* statistic, double ours_rate, double theirs_rate) {
-        const std::string theirs_figures =
-            theirs_rates.empty() ? std::string("libtorch_tokens_per_s=NA ratio=NA")
-                                 : fmt::format("libtorch_tokens_per_s={:.0f} ratio={:.3f}", theirs_rate, ours_rate / theirs_rate);
-        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={}\n", c.layers, c.width,
-                   settings.context, ours_rate, theirs_figures, attention_kernel_name(kernel), statistic);
-    };
-    const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
-    // Every round times the same tokens, so all rounds' tokens over all rounds' time (the run's
-    // throughput) is the harmonic mean of the rates.
-    const auto overall = [](const std::vector<double>& v) {
-        double seconds_per_token = 0;
-        for (const double rate : v) seconds_per_token += 1.0 / rate;
-        return v.empty() ? 0.0 : static_cast<double>(v.size()) / seconds_per_token;
-    };
-    for (const Side& side : ours) {
-        line(side.kernel, "median", median(side.rates), theirs_rates.empty() ? 0.0 : median(theirs_rates));
-        line(side.kernel, "best", best(side.rates), best(theirs_rates));
-        line(side.kernel, "overall", overall(side.rates), overall(theirs_rates));
-    }
+    for (const Side& side : ours) print_lines(side, theirs_rates, c);
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
                steps_per_round, rounds);
     return 0;
