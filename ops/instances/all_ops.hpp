@@ -1,5 +1,7 @@
-// Every op header, for ops/instances/<type>.cpp: with TAPEGRAD_INSTANTIATE_FOR defined, each
-// header's instance list (autodiff/instances.hpp) compiles its entry points for that type.
+// Every op header: the one list of them. tapegrad.hpp includes it for users; ops/instances/<type>.cpp
+// include it with TAPEGRAD_INSTANTIATE_FOR defined, so each header's instance list
+// (autodiff/instances.hpp) compiles its entry points for that type. (operators.hpp forwards to
+// add, sub, mul, div, neg, shift and scale, and has no instances of its own.)
 #pragma once
 
 #include "ops/abs.hpp"
@@ -25,6 +27,7 @@
 #include "ops/merge_heads.hpp"
 #include "ops/mul.hpp"
 #include "ops/neg.hpp"
+#include "ops/operators.hpp"
 #include "ops/permute.hpp"
 #include "ops/pow.hpp"
 #include "ops/reciprocal.hpp"
@@ -39,5 +42,6 @@
 #include "ops/sqrt.hpp"
 #include "ops/sub.hpp"
 #include "ops/sum.hpp"
+#include "ops/sum_axis.hpp"
 #include "ops/tanh.hpp"
 #include "ops/transpose.hpp"
