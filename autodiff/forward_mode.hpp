@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstddef>
+#include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -87,31 +88,39 @@ struct HvpResult {
 
 namespace detail {
 
-template <RealScalar T, std::size_t N>
-struct DualRecording {
-    std::array<Var<Dual<T>>, N> leaves;
-    Var<Dual<T>> output;
-};
-
-// Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε.
-// Each leaf is built in a per-thread scratch tensor and copied into its node's reused buffer, so
-// a warm tape records without allocating (a fresh tensor per leaf and call costs page faults).
-template <RealScalar T, std::size_t N, class Graph>
-DualRecording<T, N> record_dual(Tape<Dual<T>>& tape, Graph& graph, const std::array<Tensor<T>, N>& leaves,
-                         const std::array<Tensor<T>, N>& tangents, std::string_view what) {
+// Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε,
+// held in `vars` (an array of N Vars, or a vector of as many as there are leaves): returns
+// graph(vars). Each leaf is built in a per-thread scratch tensor and copied into its node's reused
+// buffer, so a warm tape records without allocating (a fresh tensor per leaf and call costs page
+// faults).
+template <RealScalar T, class Leaves, class Graph>
+Var<Dual<T>> record_dual(Tape<Dual<T>>& tape, Graph& graph, std::span<const Tensor<T>> leaves,
+                         std::span<const Tensor<T>> tangents, Leaves& vars, std::string_view what) {
     tape.clear();
     thread_local Tensor<Dual<T>> scratch;
-    DualRecording<T, N> r;
-    for (std::size_t l = 0; l < N; ++l) {
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
         if (!(tangents[l].shape() == leaves[l].shape())) {
             throw shape_error(fmt::format("{}: direction for leaf {} has shape {}, the leaf has shape {}", what, l,
                                           tangents[l].shape().to_string(), leaves[l].shape().to_string()));
         }
         dual_tensor_into(leaves[l], tangents[l], scratch);
-        r.leaves[l] = tape.leaf(scratch, fmt::format("x{}", l));
+        vars[l] = tape.leaf(scratch, fmt::format("x{}", l));
     }
-    r.output = graph(r.leaves);
-    return r;
+    return graph(vars);
+}
+
+// The reverse sweep of a scalar J recorded on a dual tape whose leaves' tangents are v: each
+// leaf's gradient into gradient[l] and its tangent, H·v, into Hv[l]. Returns J.
+template <RealScalar T, class Leaves>
+T gradient_and_hv(Tape<Dual<T>>& tape, const Var<Dual<T>>& J, const Leaves& vars, std::span<Tensor<T>> gradient,
+                  std::span<Tensor<T>> Hv) {
+    if (J.shape().size() != 1) {
+        throw usage_error(fmt::format("hvp: the graph must return a scalar J, it returned shape {}",
+                                      J.shape().to_string()));
+    }
+    tape.backward(J);  // seed 1 + 0ε: the tangents of the gradients are H·v
+    for (std::size_t l = 0; l < gradient.size(); ++l) split_planes(vars[l].grad(), gradient[l], Hv[l]);
+    return J.value()[0].value();
 }
 
 }  // namespace detail
@@ -121,7 +130,9 @@ DualRecording<T, N> record_dual(Tape<Dual<T>>& tape, Graph& graph, const std::ar
 template <RealScalar T, std::size_t N, class Graph>
 void jvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
          const std::array<Tensor<T>, N>& tangents, JvpResult<T>& result) {
-    const Var<Dual<T>> Y = detail::record_dual(tape, graph, leaves, tangents, "jvp").output;
+    std::array<Var<Dual<T>>, N> vars;
+    const Var<Dual<T>> Y =
+        detail::record_dual(tape, graph, std::span<const Tensor<T>>(leaves), std::span<const Tensor<T>>(tangents), vars, "jvp");
     split_planes(Y.value(), result.value, result.tangent);
 }
 
@@ -143,15 +154,10 @@ JvpResult<T> jvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const st
 template <RealScalar T, std::size_t N, class Graph>
 void hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
          const std::array<Tensor<T>, N>& v, HvpResult<T, N>& result) {
-    const detail::DualRecording<T, N> recorded = detail::record_dual(tape, graph, leaves, v, "hvp");
-    const Var<Dual<T>>& J = recorded.output;
-    if (J.shape().size() != 1) {
-        throw usage_error(fmt::format("hvp: the graph must return a scalar J, it returned shape {}",
-                                      J.shape().to_string()));
-    }
-    tape.backward(J);  // seed 1 + 0ε: the tangents of the gradients are H·v
-    result.value = J.value()[0].value();
-    for (std::size_t l = 0; l < N; ++l) split_planes(recorded.leaves[l].grad(), result.gradient[l], result.Hv[l]);
+    std::array<Var<Dual<T>>, N> vars;
+    const Var<Dual<T>> J =
+        detail::record_dual(tape, graph, std::span<const Tensor<T>>(leaves), std::span<const Tensor<T>>(v), vars, "hvp");
+    result.value = detail::gradient_and_hv(tape, J, vars, std::span<Tensor<T>>(result.gradient), std::span<Tensor<T>>(result.Hv));
 }
 
 template <RealScalar T, std::size_t N, class Graph>

@@ -227,12 +227,11 @@ CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const
     CheckOptions on_this_rank = options;
     if (world.rank() != 0) on_this_rank.progress = {};
     detail::MpiSplit split(world);
-    TapeGradients from_tape;
     CheckReport report;
     std::exception_ptr thrown;
     std::vector<Envelope> last;
     try {
-        report = detail::run_check(graph, leaves, on_this_rank, from_tape, &split);
+        report = detail::run_check(detail::graph_on_tapes<N>(graph), leaves, on_this_rank, nullptr, &split);
         last = split.gather(Envelope{RankState::finished, report.passed ? "" : report.summary(), 0, {}, split.load()});
     } catch (const detail::RanksStopped& stopped) {
         last = stopped.envelopes;

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ios>
 #include <limits>
 #include <string>
@@ -25,6 +26,49 @@ std::string format_scalar(const T& x, int precision = 0) {
     } else {
         return x.str(precision > 0 ? precision : std::numeric_limits<T>::max_digits10, std::ios_base::fmtflags{});
     }
+}
+
+namespace detail {
+
+template <Scalar T>
+std::string tensor_text_of(const Tensor<T>& tensor, int precision) {
+    const Shape& shape = tensor.shape();
+    if (shape.rank() == 0) return format_scalar(tensor[0], precision);
+    if (tensor.size() == 0) return std::string(shape.rank(), '[') + std::string(shape.rank(), ']');
+    std::string text;
+    // Open a bracket at every axis boundary the flat index crosses, close likewise.
+    for (std::size_t flat = 0; flat < tensor.size(); ++flat) {
+        std::size_t opened = 0, stride = 1;
+        for (std::size_t axis = shape.rank(); axis-- > 0;) {
+            stride *= shape[axis];
+            if (flat % stride == 0) ++opened;
+        }
+        if (flat > 0) text += ", ";
+        text.append(opened, '[');
+        text += format_scalar(tensor[flat], precision);
+        std::size_t closed = 0;
+        stride = 1;
+        for (std::size_t axis = shape.rank(); axis-- > 0;) {
+            stride *= shape[axis];
+            if ((flat + 1) % stride == 0) ++closed;
+        }
+        text.append(closed, ']');
+    }
+    return text;
+}
+
+}  // namespace detail
+
+// A tensor as nested rows, each value as format_scalar writes it with `precision`. Compiled once,
+// in the library (io/format.cpp), for float, double and mp50: fmt's formatting code costs a
+// program that prints a tensor seconds of compile time otherwise. Other types use the template.
+std::string tensor_text(const Tensor<float>& tensor, int precision = 0);
+std::string tensor_text(const Tensor<double>& tensor, int precision = 0);
+std::string tensor_text(const Tensor<mp50>& tensor, int precision = 0);
+
+template <Scalar T>
+std::string tensor_text(const Tensor<T>& tensor, int precision = 0) {
+    return detail::tensor_text_of(tensor, precision);
 }
 
 }  // namespace tapegrad
@@ -58,31 +102,7 @@ struct fmt::formatter<tapegrad::Tensor<T>> {
     }
 
     auto format(const tapegrad::Tensor<T>& tensor, format_context& context) const {
-        const tapegrad::Shape& shape = tensor.shape();
-        std::string text;
-        if (shape.rank() == 0) {
-            text = tapegrad::format_scalar(tensor[0], precision);
-        } else {
-            // Open a bracket at every axis boundary the flat index crosses, close likewise.
-            for (std::size_t flat = 0; flat < tensor.size(); ++flat) {
-                std::size_t opened = 0, stride = 1;
-                for (std::size_t axis = shape.rank(); axis-- > 0;) {
-                    stride *= shape[axis];
-                    if (flat % stride == 0) ++opened;
-                }
-                if (flat > 0) text += ", ";
-                text.append(opened, '[');
-                text += tapegrad::format_scalar(tensor[flat], precision);
-                std::size_t closed = 0;
-                stride = 1;
-                for (std::size_t axis = shape.rank(); axis-- > 0;) {
-                    stride *= shape[axis];
-                    if ((flat + 1) % stride == 0) ++closed;
-                }
-                text.append(closed, ']');
-            }
-            if (tensor.size() == 0) text = std::string(shape.rank(), '[') + std::string(shape.rank(), ']');
-        }
-        return fmt::format_to(context.out(), "{}", text);
+        const std::string text = tapegrad::tensor_text(tensor, precision);
+        return std::copy(text.begin(), text.end(), context.out());
     }
 };

@@ -136,8 +136,8 @@ struct Processes {
 template <std::size_t N, class Graph>
 void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
     const CheckOptions options;
-    detail::Checked<N> c(leaves, options);
-    if (!detail::record_both(c, graph)) throw value_error("tapegrad-check: the graph cannot be recorded");
+    detail::Checked c(leaves, options);
+    if (!detail::record_both(c, detail::graph_on_tapes<N>(graph))) throw value_error("tapegrad-check: the graph cannot be recorded");
     std::vector<std::vector<detail::Probe>> groups;  // each leaf's coordinates, then each branch's
     for (std::size_t l = 0; l < N; ++l) {
         groups.push_back(detail::coordinate_probes(c, l));
@@ -147,7 +147,7 @@ void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
     }
     std::size_t derivatives = 0;
     double cost = 0, predicted = 0;
-    std::array<Tensor<mp50>, N> scratch;
+    std::vector<Tensor<mp50>> scratch(N);
     constexpr std::size_t samples = 4;  // spread over the group: costs vary a little with the index
     for (const std::vector<detail::Probe>& group : groups) {
         const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(group));
