@@ -103,24 +103,25 @@ class Tape {
 public:
     using scalar_type = T;
 
-    // A new tape takes the nodes (and their buffers) that the last tape to die on this thread
+    // A new tape takes the nodes and scratch buffers that the last tape to die on this thread
     // left, if it left any: a fresh tape per training step, the common way to write one, then
     // allocates no more than a cleared one. Otherwise it starts with room for a small graph.
     Tape() : generation_(next_generation()) {
-        std::vector<Node>& pool = NodePool::nodes();
-        if (!pool.empty()) {
-            nodes_ = std::move(pool);
-            pool.clear();
+        Buffers& pool = NodePool::buffers();
+        if (!pool.nodes.empty()) {
+            nodes_ = std::move(pool.nodes);
+            scratch_ = std::move(pool.scratch);
+            pool = Buffers{};
         } else {
             nodes_.reserve(initial_nodes);
         }
     }
-    // Leaves its nodes to the next tape made on this thread when they hold at most
+    // Leaves its buffers to the next tape made on this thread when they hold at most
     // `pooled_bytes_limit` (a large graph's memory goes back to the allocator with its tape).
     ~Tape() {
         if (NodePool::closed() || held_bytes() > pooled_bytes_limit) return;
-        std::vector<Node>& pool = NodePool::nodes();
-        if (pool.empty()) pool = std::move(nodes_);
+        Buffers& pool = NodePool::buffers();
+        if (pool.nodes.empty()) pool = Buffers{std::move(nodes_), std::move(scratch_)};
     }
     // Vars point at their tape, so a tape stays where it was made.
     Tape(const Tape&) = delete;
@@ -534,14 +535,21 @@ private:
     static constexpr std::size_t scratch_sizes_kept = 8;
     static constexpr std::size_t pooled_bytes_limit = std::size_t{16} << 20;
 
-    // The nodes a dead tape left for the next one on its thread. `closed` is set when the
+    // Contributions that cannot go straight into a gradient: per slot, one buffer per element count.
+    using Scratch = std::array<std::vector<Tensor<T>>, max_arity>;
+    struct Buffers {
+        std::vector<Node> nodes;
+        Scratch scratch;
+    };
+
+    // The buffers a dead tape left for the next one on its thread. `closed` is set when the
     // thread's pool is destroyed (at thread exit, before static objects): a tape destroyed after
-    // that keeps its nodes to itself.
+    // that keeps its buffers to itself.
     class NodePool {
     public:
-        static std::vector<Node>& nodes() {
+        static Buffers& buffers() {
             thread_local NodePool pool;
-            return pool.nodes_;
+            return pool.buffers_;
         }
         static bool& closed() {
             thread_local bool is_closed = false;  // trivially destructible: readable until the thread ends
@@ -550,7 +558,7 @@ private:
         ~NodePool() { closed() = true; }
 
     private:
-        std::vector<Node> nodes_;
+        Buffers buffers_;
     };
 
     // Generations are unique over all tapes, so a Var of a dead tape never passes for one of a
@@ -563,6 +571,8 @@ private:
     std::size_t held_bytes() const {
         std::size_t elements = 0;
         for (const Node& node : nodes_) elements += node.value.size() + node.saved.size() + node.grad.size();
+        for (const std::vector<Tensor<T>>& slot : scratch_)
+            for (const Tensor<T>& buffer : slot) elements += buffer.size();
         return elements * sizeof(T);
     }
 
@@ -572,8 +582,7 @@ private:
     bool backward_done_ = false;
     bool log_branches_ = false;
     std::vector<Branch<T>> branches_;
-    // Contributions that cannot go straight into a gradient: per slot, one buffer per element count.
-    std::array<std::vector<Tensor<T>>, max_arity> scratch_;
+    Scratch scratch_;
 };
 
 }  // namespace tapegrad
