@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <concepts>
+#include <cstddef>
 #include <limits>
 #include <type_traits>
 
@@ -24,6 +25,22 @@ concept RealScalar = std::floating_point<T> || boost::multiprecision::is_number<
 
 template <class T>
 concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>);
+
+// The numbers a scalar is stored as: a Dual<U> is its value then its tangent, two U's in a row
+// (standard layout, no padding: asserted below), so a scan over a whole array (the tape's NaN
+// check) may read n duals as 2n numbers of U, as std::complex<U> is read as U[2].
+template <class T>
+struct StoredAs {
+    using type = T;
+    static constexpr std::size_t count = 1;
+};
+template <class T>
+    requires is_dual_v<T>
+struct StoredAs<T> {
+    using type = typename T::value_type;
+    static constexpr std::size_t count = 2;
+    static_assert(std::is_standard_layout_v<T> && sizeof(T) == 2 * sizeof(type));
+};
 
 // Unit roundoff of T (half the machine epsilon).
 template <Scalar T>

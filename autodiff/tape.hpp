@@ -516,11 +516,15 @@ private:
 
     static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
         const std::span<const T> data = tensor.data();
-        if constexpr (has_compiled_kernels<T>) {
-            // The compiled scan (vectorised at the CPU's level); the index is looked for only once
-            // a NaN is known. A small tensor is scanned here: the call through the dispatch table
-            // would cost more than its few compares (a scalar node: 52 against 48 ns per node).
-            if (data.size() > inline_scan_size && !compiled::any_nan(data.data(), data.size())) return;
+        using Stored = typename StoredAs<T>::type;
+        if constexpr (has_compiled_kernels<Stored>) {
+            // The compiled scan (vectorised at the CPU's level), over the numbers the elements are
+            // stored as (a dual: its value and tangent, either NaN making it NaN); the index is
+            // looked for only once a NaN is known. A small tensor is scanned here: the call through
+            // the dispatch table would cost more than its few compares (a scalar node: 52 against
+            // 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
+            const Stored* numbers = reinterpret_cast<const Stored*>(data.data());
+            if (data.size() > inline_scan_size && !compiled::any_nan(numbers, data.size() * StoredAs<T>::count)) return;
         }
         for (std::size_t k = 0; k < data.size(); ++k) {
             if (is_nan(data[k])) {

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <iostream>
 #include <limits>
+#include <string>
+#include <utility>
 
 using namespace tapegrad;
 using tapegrad::testing::probe;
@@ -124,8 +126,8 @@ BOOST_AUTO_TEST_CASE(dual_products_are_real_products_of_the_planes) {
         return x;
     };
     for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
-        for (const bool constant_b : {false, true}) {
-            const auto A = dual_random(m * k, false), B = dual_random(k * n, constant_b);
+        for (const auto& [constant_a, constant_b] : {std::pair{false, false}, {false, true}, {true, false}, {true, true}}) {
+            const auto A = dual_random(m * k, constant_a), B = dual_random(k * n, constant_b);
             std::vector<Dual<mp50>> C = dual_random(m * n, false), expected = C;
             kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), true);
             for (std::size_t i = 0; i < m; ++i)
@@ -138,6 +140,27 @@ BOOST_AUTO_TEST_CASE(dual_products_are_real_products_of_the_planes) {
             for (std::size_t x = 0; x < m * n; ++x) {
                 BOOST_TEST(to_double(mp50(abs(C[x].value() - expected[x].value()))) <= 1e-45);
                 BOOST_TEST(to_double(mp50(abs(C[x].tangent() - expected[x].tangent()))) <= 1e-45);
+            }
+        }
+    }
+}
+
+// The tape's NaN scan reads a tensor of n Dual<double> as 2n doubles (autodiff/scalar.hpp,
+// StoredAs) once it is longer than the inline scan: a NaN in any value or tangent, first or last,
+// short or long tensor, is refused with its index. (Scanning n numbers instead of 2n would miss
+// the last tangents; a stride of one dual would miss every tangent.)
+BOOST_AUTO_TEST_CASE(a_dual_tape_refuses_nan_in_any_value_or_tangent) {
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (const std::size_t n : {std::size_t{5}, std::size_t{40}}) {
+        for (const std::size_t at : {std::size_t{0}, n - 1}) {
+            for (const bool in_tangent : {false, true}) {
+                Tensor<Dual<double>> x(Shape{n});
+                for (std::size_t k = 0; k < n; ++k) x[k] = Dual<double>(1.0 + static_cast<double>(k), 0.5);
+                (in_tangent ? x[at].tangent() : x[at].value()) = nan;
+                Tape<Dual<double>> tape;
+                const std::string message = testing::message_of<value_error>([&] { tape.leaf(x, "x"); });
+                BOOST_TEST(message.find("NaN in x at index " + index_string(x.shape(), at)) != std::string::npos,
+                           "n=" << n << " at=" << at << " tangent=" << in_tangent << ": " << message);
             }
         }
     }
