@@ -76,17 +76,9 @@ void Tally::add(Mismatch m) {
     if (m.rel_error <= m.threshold) return;  // written this way round so a NaN error fails
     failed = true;
     // One line per coordinate: keep only its worst disagreement.
-    const auto same = std::find_if(worst.begin(), worst.end(), [&](const Mismatch& w) {
-        return w.leaf == m.leaf && w.index == m.index && w.branch == m.branch;
+    keep_worst(worst, std::move(m), keep_, [](const Mismatch& a, const Mismatch& b) {
+        return a.leaf == b.leaf && a.index == b.index && a.branch == b.branch;
     });
-    if (same != worst.end()) {
-        if (same->rel_error >= m.rel_error) return;
-        worst.erase(same);
-    }
-    worst.push_back(std::move(m));
-    std::sort(worst.begin(), worst.end(),
-              [](const Mismatch& a, const Mismatch& b) { return a.rel_error > b.rel_error; });
-    if (worst.size() > keep_) worst.pop_back();
 }
 
 Checked::Checked(std::span<const NamedTensor> leaves, const CheckOptions& options)

@@ -45,6 +45,7 @@
 #include "autodiff/tape.hpp"
 #include "check/report.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <functional>
@@ -83,11 +84,18 @@ struct GraphOnTapes {
     GraphOn<mp50> in_mp;
 };
 
+// The N leaves (Vars or values) as the array a user's generic graph or hand backward takes.
+template <std::size_t N, class Item>
+std::array<Item, N> array_of(std::span<const Item> items) {
+    std::array<Item, N> array;
+    for (std::size_t l = 0; l < N; ++l) array[l] = items[l];
+    return array;
+}
+
 template <std::size_t N, Scalar T, class Graph>
 GraphOn<T> graph_on(Graph& graph) {
     return [&graph](std::span<const Var<T>> in) {
-        std::array<Var<T>, N> leaves;
-        for (std::size_t l = 0; l < N; ++l) leaves[l] = in[l];
+        std::array<Var<T>, N> leaves = array_of<N>(in);  // an lvalue: a graph may take its leaves by reference
         return Var<T>(graph(leaves));
     };
 }
@@ -109,8 +117,7 @@ struct HandBackward {
 template <std::size_t N, Scalar T, class HandGradients>
 BackwardIn<T> backward_in(HandGradients& hand_gradients) {
     return [&hand_gradients](std::span<const Tensor<T>> values) {
-        std::array<Tensor<T>, N> leaves;
-        for (std::size_t l = 0; l < N; ++l) leaves[l] = values[l];
+        std::array<Tensor<T>, N> leaves = array_of<N>(values);  // an lvalue, as for the graph
         const auto gradients = hand_gradients(leaves);
         return std::vector<Tensor<T>>(gradients.begin(), gradients.end());
     };
@@ -134,6 +141,21 @@ void random_unit_direction(std::mt19937_64& generator, std::span<Tensor<mp50>> p
 
 // The differences are taken around each leaf's value: it must have one, and be finite.
 void refuse_bad_leaves(std::span<const NamedTensor> leaves);
+
+// Keeps `m` among the `keep` worst mismatches, worst first, one line per place (`same_place` says
+// which two are one): a place's worse disagreement replaces its earlier one. The gradient checker's
+// tally and the JVP/HVP checks' report both keep their lists so.
+template <class Entry, class SamePlace>
+void keep_worst(std::vector<Entry>& worst, Entry m, std::size_t keep, SamePlace same_place) {
+    const auto same = std::find_if(worst.begin(), worst.end(), [&](const Entry& w) { return same_place(w, m); });
+    if (same != worst.end()) {
+        if (same->rel_error >= m.rel_error) return;
+        worst.erase(same);
+    }
+    worst.push_back(std::move(m));
+    std::sort(worst.begin(), worst.end(), [](const Entry& a, const Entry& b) { return a.rel_error > b.rel_error; });
+    if (worst.size() > keep) worst.pop_back();
+}
 
 // Collects errors and the worst mismatches.
 class Tally {

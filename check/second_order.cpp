@@ -42,16 +42,8 @@ void compare(SecondOrderReport& report, double& worst_of_kind, SecondOrderMismat
     if (m.rel_error <= m.threshold) return;  // written this way round so a NaN error fails
     report.passed = false;
     ++report.failures;
-    const auto same = std::find_if(report.worst.begin(), report.worst.end(),
-                                   [&](const SecondOrderMismatch& w) { return w.where == m.where; });
-    if (same != report.worst.end()) {
-        if (same->rel_error >= m.rel_error) return;
-        report.worst.erase(same);
-    }
-    report.worst.push_back(std::move(m));
-    std::sort(report.worst.begin(), report.worst.end(),
-              [](const SecondOrderMismatch& a, const SecondOrderMismatch& b) { return a.rel_error > b.rel_error; });
-    if (report.worst.size() > keep) report.worst.pop_back();
+    keep_worst(report.worst, std::move(m), keep,
+               [](const SecondOrderMismatch& a, const SecondOrderMismatch& b) { return a.where == b.where; });
 }
 
 template <Scalar To>
