@@ -4,7 +4,8 @@
 // see the same machine state; best and median of the rounds on each side, the kernels' CPU level
 // (cpu=, autodiff/cpu.hpp) on each line, and the T = 2 graph on a reused tape and on a fresh
 // Tape per step. Built with the library's ordinary flags (no -march=native). Also
-// times the tape's per-node overhead, a 1024³ matmul against a reference GEMM (OpenBLAS when
+// times Q, K, V as one X·[W_Q W_K W_V] product against three (issue 10 part 3), the tape's
+// per-node overhead, a 1024³ matmul against a reference GEMM (OpenBLAS when
 // found, else Eigen), the full 50-digit gradient check of attention at T = D = d = 8, and
 // reports peak memory. One line per measurement, `key=value` fields, so the output can be
 // pasted into the README and diffed between runs.
@@ -54,14 +55,20 @@ using timing::wall_seconds;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// How the step computes Q, K and V: three products X·W_Q, X·W_K, X·W_V (models/attention.hpp), or
+// the experiment of issue 10 part 3, one product X·[W_Q W_K W_V] cut into its three column blocks
+// (concat, matmul, slice), whose backward is then one dX and one d[W_Q W_K W_V] product.
+enum class Projections { three_products, one_product };
+
 // Forward and backward in T (double or float), on one reused tape (clear() keeps every node's
 // buffers) or on a fresh Tape per step, as most training loops are written.
 template <Scalar T>
 class TapegradAttention {
 public:
-    TapegradAttention(const AttentionInputs& in, bool fresh_tape)
+    TapegradAttention(const AttentionInputs& in, bool fresh_tape,
+                      Projections projections = Projections::three_products)
         : X_(tensor_cast<T>(in.X)), W_Q_(tensor_cast<T>(in.W_Q)), W_K_(tensor_cast<T>(in.W_K)),
-          W_V_(tensor_cast<T>(in.W_V)), G_(tensor_cast<T>(in.G)), fresh_tape_(fresh_tape) {}
+          W_V_(tensor_cast<T>(in.W_V)), G_(tensor_cast<T>(in.G)), fresh_tape_(fresh_tape), projections_(projections) {}
     void run() {
         if (fresh_tape_) {
             Tape<T> tape;
@@ -85,13 +92,21 @@ private:
         const Var<T> W_K = tape.leaf(W_K_, "W_K");
         const Var<T> W_V = tape.leaf(W_V_, "W_V");
         const Var<T> G = tape.constant(G_, "G");
-        const AttentionResult<T> r = attention(X, W_Q, W_K, W_V);
+        const AttentionResult<T> r = projections_ == Projections::three_products ? attention(X, W_Q, W_K, W_V)
+                                                                                  : stacked_attention(X, W_Q, W_K, W_V);
         const Var<T> J = sum(mul(r.O, G));
         tape.backward(J);
         if (grad_W_Q_.size() == 0) grad_W_Q_ = W_Q.grad();  // kept once, for the comparison
     }
+    static AttentionResult<T> stacked_attention(const Var<T>& X, const Var<T>& W_Q, const Var<T>& W_K,
+                                                const Var<T>& W_V) {
+        const std::size_t d = W_Q.shape().cols();
+        const Var<T> QKV = matmul(X, concat({W_Q, W_K, W_V}, -1));
+        return attention_from_qkv(slice(QKV, -1, 0, d), slice(QKV, -1, d, 2 * d), slice(QKV, -1, 2 * d, 3 * d));
+    }
     Tensor<T> X_, W_Q_, W_K_, W_V_, G_;
     bool fresh_tape_;
+    Projections projections_;
     Tape<T> tape_;
     Tensor<T> grad_W_Q_;
 };
@@ -139,6 +154,23 @@ private:
 };
 #endif
 
+// Two computations of one gradient must agree to rounding: in double to 1e-9. In float the
+// unit-normal inputs give scores of standard deviation about 64 (softmax nearly one-hot), whose
+// absolute rounding (2^-24 of sums of 64 terms of size ~64) moves the weights by ~1e-3 relative on
+// either side: 0.1 still catches a wrong graph, which misses by O(1).
+template <Scalar T>
+constexpr double agreement = std::is_same_v<T, float> ? 1e-1 : 1e-9;
+
+// The largest difference between two tensors, relative to the first where it exceeds 1.
+template <Scalar T>
+double worst_difference(const Tensor<T>& reference, const Tensor<T>& other) {
+    double worst = 0;
+    for (std::size_t k = 0; k < reference.size(); ++k) {
+        worst = std::max(worst, double(std::abs(reference[k] - other[k]) / std::max(T(1), std::abs(reference[k]))));
+    }
+    return worst;
+}
+
 // threads = 1: both on this thread, timed by its CPU clock. threads > 1: tapegrad's products and
 // LibTorch's intra-op pool both get that many threads, timed by the wall clock.
 template <Scalar T>
@@ -160,16 +192,9 @@ void bench_attention(std::size_t rows, std::size_t D, std::size_t d, std::mt1993
 #ifdef TAPEGRAD_HAVE_TORCH
     TorchAttention<T> theirs(inputs, d);
     const std::vector<Timing> us = alternate_timings({[&] { ours.run(); }, [&] { theirs.run(); }}, rounds, batch, now);
-    // Same graph, same numbers: the gradients must agree to rounding. In double 1e-9. In float the
-    // unit-normal inputs give scores of standard deviation about 64 (softmax nearly one-hot), whose
-    // absolute rounding (2^-24 of sums of 64 terms of size ~64) moves the weights by ~1e-3
-    // relative on either side: 0.1 still catches a wrong graph, which misses by O(1).
-    const Tensor<T> reference = theirs.grad_W_Q();
-    double worst = 0;
-    for (std::size_t k = 0; k < reference.size(); ++k) {
-        worst = std::max(worst, double(std::abs(reference[k] - ours.grad_W_Q()[k]) / std::max(T(1), std::abs(reference[k]))));
-    }
-    if (worst > (std::is_same_v<T, float> ? 1e-1 : 1e-9)) {
+    // Same graph, same numbers: the gradients must agree to rounding (agreement<T>).
+    const double worst = worst_difference(theirs.grad_W_Q(), ours.grad_W_Q());
+    if (worst > agreement<T>) {
         fmt::print("WARNING: dW_Q differs from LibTorch's by {:.3g} at T={} dtype={}\n", worst, rows, dtype_name<T>);
     }
     fmt::print("{} tapegrad_us_best={:.3f} tapegrad_us_median={:.3f} libtorch_us_best={:.3f} libtorch_us_median={:.3f} "
@@ -198,6 +223,42 @@ void bench_attention_table(std::mt19937_64& rng, unsigned cores) {
     for (const std::size_t rows : {64, 256, 1024}) bench_attention<T>(rows, 64, 64, rng);
     bench_attention<T>(1024, 64, 64, rng, 1, true);
     if (cores > 1) bench_attention<T>(1024, 64, 64, rng, 2);
+}
+
+// Issue 10 part 3: would one X·[W_Q W_K W_V] product beat three? Two measurements, alternated:
+// the whole step both ways (the one-product step pays for the concat of the weights and the
+// slices of Q, K, V, and their VJPs), and the products alone (the three forward products, the
+// three dX products and the three dW products, against one of each three times as wide): the gain
+// a copy-free implementation could reach at most.
+template <Scalar T>
+void bench_projections(std::size_t rows, std::size_t D, std::size_t d, std::mt19937_64& rng) {
+    const AttentionInputs inputs = make_inputs(rows, D, d, rng);
+    TapegradAttention<T> three(inputs, false, Projections::three_products);
+    TapegradAttention<T> one(inputs, false, Projections::one_product);
+    const std::vector<Timing> step = alternate_timings({[&] { three.run(); }, [&] { one.run(); }}, 15, 0.02, thread_seconds);
+    if (worst_difference(three.grad_W_Q(), one.grad_W_Q()) > agreement<T>) {
+        fmt::print("WARNING: dW_Q differs between the two ways of projecting at T={} dtype={}\n", rows, dtype_name<T>);
+    }
+    using kernels::Form;
+    std::vector<T> X(rows * D, T(0.5)), W(D * 3 * d, T(0.25)), QKV(rows * 3 * d, T(0.1)), dX(rows * D), dW(D * 3 * d);
+    const auto block = [&](std::vector<T>& m, std::size_t b) { return m.data() + b * m.size() / 3; };
+    const auto three_products = [&] {
+        for (std::size_t b = 0; b < 3; ++b) kernels::gemm(Form::ab, rows, d, D, X.data(), block(W, b), block(QKV, b), false);
+        for (std::size_t b = 0; b < 3; ++b) kernels::gemm(Form::abT, rows, D, d, block(QKV, b), block(W, b), dX.data(), b > 0);
+        for (std::size_t b = 0; b < 3; ++b) kernels::gemm(Form::aTb, D, d, rows, X.data(), block(QKV, b), block(dW, b), false);
+    };
+    const auto one_product = [&] {
+        kernels::gemm(Form::ab, rows, 3 * d, D, X.data(), W.data(), QKV.data(), false);
+        kernels::gemm(Form::abT, rows, D, 3 * d, QKV.data(), W.data(), dX.data(), false);
+        kernels::gemm(Form::aTb, D, 3 * d, rows, X.data(), QKV.data(), dW.data(), false);
+    };
+    const std::vector<Timing> products = alternate_timings({three_products, one_product}, 15, 0.02, thread_seconds);
+    fmt::print("projections dtype={} T={} D={} d={} cpu={} step_three_us_median={:.3f} step_one_us_median={:.3f} "
+               "step_ratio_median={:.4f} step_ratio_best={:.4f} products_three_us_median={:.3f} "
+               "products_one_us_median={:.3f} products_saving_of_step={:.4f}\n",
+               dtype_name<T>, rows, D, d, cpu_level_name(cpu_level()), step[0].median_us, step[1].median_us,
+               step[1].median_us / step[0].median_us, step[1].best_us / step[0].best_us, products[0].median_us,
+               products[1].median_us, (products[0].median_us - products[1].median_us) / step[0].median_us);
 }
 
 // A long chain of scales of a one-element tensor: the work per node is one multiply, so the
@@ -301,8 +362,8 @@ void bench_gradcheck(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 
 }  // namespace
 
-// Arguments select parts ("attention", "attention_float", "overhead", "matmul", "gradcheck"); none
-// runs them all. TAPEGRAD_CPU=baseline|avx2|avx512 forces the kernels' level.
+// Arguments select parts ("attention", "attention_float", "projections", "overhead", "matmul",
+// "gradcheck"); none runs them all. TAPEGRAD_CPU=baseline|avx2|avx512 forces the kernels' level.
 int main(int argc, char** argv) {
     const std::vector<std::string> parts(argv + 1, argv + argc);
     const auto wanted = [&](const std::string& part) {
@@ -323,6 +384,12 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng(20261129);
     if (wanted("attention")) bench_attention_table<double>(rng, cores);
     if (wanted("attention_float")) bench_attention_table<float>(rng, cores);
+    if (wanted("projections")) {
+        for (const std::size_t rows : {64, 256, 1024}) {
+            bench_projections<double>(rows, 64, 64, rng);
+            bench_projections<float>(rows, 64, 64, rng);
+        }
+    }
     if (wanted("overhead")) bench_tape_overhead();
     if (wanted("matmul")) bench_matmul(1024, rng);
     // Wall clock here: the checker runs on the library's default threads (every core).
