@@ -45,7 +45,8 @@ std::string to_dot(const Tape<T>& tape, const DotOptions& options = {}) {
         const bool is_leaf = node.op == "leaf";
         std::string label = is_leaf ? (node.requires_grad ? "leaf" : "constant") : std::string(node.op);
         if (!node.label.empty()) label += fmt::format(" {}", node.label);
-        label += "\n" + node.shape.to_string();
+        label += '\n';
+        label += node.shape.to_string();
         if (options.show_cost && !is_leaf) label += fmt::format("\n{} madds", node.cost.forward_madds);
         const std::string_view style = !is_leaf                ? "shape=ellipse"
                                        : node.requires_grad ? "shape=box, style=filled, fillcolor=lightblue"
