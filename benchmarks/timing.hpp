@@ -36,7 +36,14 @@ using ClockFunction = double (*)();
 
 // How many calls of `work` fill about `target_seconds`: batches that long make the clock's
 // resolution and the loop around them negligible even for the 2-position graph (about 1 µs).
+// One untimed call comes first, because a first call can cost far more than the others and must
+// not set the batch size. Measured in bench_attention: the first fresh Tape<float> after
+// LibTorch's steps took 30 ms, nearly all in glibc's malloc_consolidate (merging the small chunks
+// LibTorch had freed, which glibc does on the next large request, whoever makes it). Without the
+// warm-up call that one call set the batch to 1 call, and the line then timed single 1 µs calls,
+// each with the clock's own overhead and caches cold from LibTorch's step: 13-22 µs.
 inline std::size_t calibrate(const std::function<void()>& work, double target_seconds, ClockFunction now) {
+    work();
     std::size_t iterations = 1;
     for (;;) {
         const double start = now();
