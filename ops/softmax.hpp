@@ -63,16 +63,21 @@ struct Softmax {
         }
         if constexpr (has_compiled_kernels<T>) {
             fast::softmax_row_vectorised(scores, n, row_max, weights);  // same formula, vectorised
-        } else {
-            T total(0);
-            for (std::size_t j = 0; j < n; ++j) {
-                weights[j] = exp(scores[j] - row_max);
-                total += weights[j];
+            return;
+        } else if constexpr (fast::dual_of_compiled<T>) {
+            if (n > fast::inline_row_size) {
+                fast::softmax_row_dual(scores, n, row_max.value(), weights);  // value and tangent planes, vectorised
+                return;
             }
-            // One division and n products: a 50-digit division costs several products.
-            const T inverse = T(1) / total;
-            for (std::size_t j = 0; j < n; ++j) weights[j] *= inverse;
         }
+        T total(0);
+        for (std::size_t j = 0; j < n; ++j) {
+            weights[j] = exp(scores[j] - row_max);
+            total += weights[j];
+        }
+        // One division and n products: a 50-digit division costs several products.
+        const T inverse = T(1) / total;
+        for (std::size_t j = 0; j < n; ++j) weights[j] *= inverse;
     }
 
     template <Scalar T>
@@ -117,6 +122,11 @@ struct Softmax {
             if constexpr (has_compiled_kernels<T>) {
                 if (n > fast::inline_row_size) {
                     fast::softmax_vjp_row_vectorised(weights, upstream, n, out);  // the same formula, vectorised
+                    continue;
+                }
+            } else if constexpr (fast::dual_of_compiled<T>) {
+                if (n > fast::inline_row_size) {
+                    fast::softmax_vjp_row_dual(weights, upstream, n, out);  // its derivative along ε, vectorised
                     continue;
                 }
             }

@@ -246,6 +246,27 @@ BOOST_AUTO_TEST_CASE(the_spec_attention_passes_at_8_within_the_50_digit_threshol
     std::cout << "spec attention T=D=d=8 over X, W_Q, W_K, W_V: " << h.summary() << "\n";
 }
 
+// Rows longer than fast::inline_row_size take softmax's dual-plane rows (ops/fast/softmax_rows.hpp)
+// on the double dual tape, which both checks compare with 50-digit differences (double_tolerance,
+// 1e-9); a wrong or dropped term of those tangent formulas misses by O(1). The causal mask puts
+// hidden (−inf) scores in the rows, and J = Σ (A∘A)∘G gives softmax's VJP an upstream that has a
+// tangent of its own (with J = Σ A∘G it would be a constant).
+BOOST_AUTO_TEST_CASE(long_softmax_rows_take_the_dual_planes_and_pass_both_checks) {
+    constexpr std::size_t n = 20;
+    static_assert(n > fast::inline_row_size);
+    std::mt19937_64 rng(14);
+    const NamedTensor leaves[] = {{"S", random_tensor(Shape{3, n}, rng, 2.0)}};
+    const auto J = [](auto A) { return probe(mul(A, A)); };
+    expect_both_checks_pass([](auto in) { return softmax(in[0]); }, J, leaves, "softmax, rows of 20");
+    const Tensor<double> visible = causal_mask(3, n, n - 4);
+    expect_both_checks_pass(
+        [&](auto in) {
+            using T = scalar_of<decltype(in[0])>;
+            return softmax(mask(in[0], in[0].tape().constant(tensor_cast<T>(visible), "M")));
+        },
+        J, leaves, "causal mask then softmax, rows of 20");
+}
+
 // Two queries at positions 2..3 over four cached keys (query_offset 2), batch of 2.
 BOOST_AUTO_TEST_CASE(composed_and_fused_causal_attention_with_offset_pass) {
     std::mt19937_64 rng(12);
