@@ -86,6 +86,12 @@ void gelu_tanh(const double* a, std::size_t n, double* y);
 void gelu_tanh(const float* a, std::size_t n, float* y);
 void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da);
 void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da);
+// n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,
+// first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
+void deinterleave(const double* pairs, std::size_t n, double* first, double* second);
+void deinterleave(const float* pairs, std::size_t n, float* first, float* second);
+void interleave(const double* first, const double* second, std::size_t n, double* pairs, bool accumulate);
+void interleave(const float* first, const float* second, std::size_t n, float* pairs, bool accumulate);
 }  // namespace compiled
 
 }  // namespace tapegrad

@@ -7,8 +7,10 @@
 // kernels.hpp includes this file at its end: `kernels::gemm` on Dual pointers picks this overload.
 #pragma once
 
+#include "autodiff/cpu.hpp"
 #include "autodiff/dual.hpp"
 #include "autodiff/kernels.hpp"  // Form and the real gemm (which includes this file at its end)
+#include "autodiff/scalar.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -26,11 +28,30 @@ template <Scalar T>
 bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<T>& tangents) {
     values.resize(n);
     tangents.resize(n);
-    for (std::size_t k = 0; k < n; ++k) {
-        values[k] = x[k].value();
-        tangents[k] = x[k].tangent();
+    if constexpr (has_compiled_kernels<T>) {
+        // The compiled kernel splits the pairs at the CPU's level (the element loop, compiled at the
+        // baseline's, was 8.5% of a T = 64 HVP).
+        compiled::deinterleave(pairs_of(x), n, values.data(), tangents.data());
+    } else {
+        for (std::size_t k = 0; k < n; ++k) {
+            values[k] = x[k].value();
+            tangents[k] = x[k].tangent();
+        }
     }
     return std::any_of(tangents.begin(), tangents.end(), [](const T& t) { return t != T(0); });
+}
+
+// C[x] = (values[x], tangents[x]), or C[x] += that when accumulate.
+template <Scalar T>
+void merge(const std::vector<T>& values, const std::vector<T>& tangents, Dual<T>* C, bool accumulate) {
+    const std::size_t n = values.size();
+    if constexpr (has_compiled_kernels<T>) {
+        compiled::interleave(values.data(), tangents.data(), n, pairs_of(C), accumulate);
+    } else if (accumulate) {
+        for (std::size_t x = 0; x < n; ++x) C[x] += Dual<T>(values[x], tangents[x]);
+    } else {
+        for (std::size_t x = 0; x < n; ++x) C[x] = Dual<T>(values[x], tangents[x]);
+    }
 }
 
 // Scratch planes, one set per thread (fused attention calls products from several threads), kept
@@ -55,11 +76,7 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const Dual<T>*
     if (a_moves) gemm(form, m, n, k, p.At.data(), p.Bv.data(), p.Ct.data(), false);
     if (b_moves) gemm(form, m, n, k, p.Av.data(), p.Bt.data(), p.Ct.data(), a_moves);
     if (!a_moves && !b_moves) std::fill(p.Ct.begin(), p.Ct.end(), T(0));
-    if (accumulate) {
-        for (std::size_t x = 0; x < m * n; ++x) C[x] += Dual<T>(p.Cv[x], p.Ct[x]);
-    } else {
-        for (std::size_t x = 0; x < m * n; ++x) C[x] = Dual<T>(p.Cv[x], p.Ct[x]);
-    }
+    dual_detail::merge(p.Cv, p.Ct, C, accumulate);
 }
 
 }  // namespace tapegrad::kernels

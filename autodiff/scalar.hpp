@@ -42,6 +42,19 @@ struct StoredAs<T> {
     static_assert(std::is_standard_layout_v<T> && sizeof(T) == 2 * sizeof(type));
 };
 
+// n duals as the 2n numbers they are stored as (value, tangent, value, ...), for the kernels that
+// split them into planes and merge them back (autodiff/dual_kernels.hpp, ops/fast/softmax_rows.hpp).
+template <class T>
+    requires is_dual_v<T>
+const typename StoredAs<T>::type* pairs_of(const T* duals) {
+    return reinterpret_cast<const typename StoredAs<T>::type*>(duals);
+}
+template <class T>
+    requires is_dual_v<T>
+typename StoredAs<T>::type* pairs_of(T* duals) {
+    return reinterpret_cast<typename StoredAs<T>::type*>(duals);
+}
+
 // Unit roundoff of T (half the machine epsilon).
 template <Scalar T>
 T unit_roundoff() {

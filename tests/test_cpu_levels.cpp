@@ -292,6 +292,38 @@ BOOST_AUTO_TEST_CASE(the_nan_scan_finds_every_position_at_every_level) {
     }
 }
 
+// The dual planes' copies (autodiff/dual_kernels.hpp): every length around the vector widths, each
+// number to its place exactly, and accumulate adds instead of writing.
+template <class T>
+void check_planes_at_level(std::size_t n) {
+    std::vector<T> pairs(2 * n), first(n), second(n);
+    for (std::size_t k = 0; k < 2 * n; ++k) pairs[k] = T(k) + T(0.25);
+    compiled::deinterleave(pairs.data(), n, first.data(), second.data());
+    bool placed = true;
+    for (std::size_t k = 0; k < n; ++k) placed = placed && first[k] == pairs[2 * k] && second[k] == pairs[2 * k + 1];
+    BOOST_TEST(placed, "deinterleave, n = " << n);
+    std::vector<T> merged(2 * n, T(-1));
+    compiled::interleave(first.data(), second.data(), n, merged.data(), false);
+    BOOST_TEST(merged == pairs, "interleave, n = " << n);
+    compiled::interleave(first.data(), second.data(), n, merged.data(), true);
+    bool doubled = true;
+    for (std::size_t k = 0; k < 2 * n; ++k) doubled = doubled && merged[k] == 2 * pairs[k];
+    BOOST_TEST(doubled, "interleave accumulating, n = " << n);
+}
+
+BOOST_AUTO_TEST_CASE(dual_planes_split_and_merge_exactly_at_every_level) {
+    const RestoreLevel restore;
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        BOOST_TEST_CONTEXT(cpu_level_name(level)) {
+            for (const std::size_t n : {1u, 3u, 8u, 15u, 16u, 17u, 33u, 130u}) {
+                check_planes_at_level<double>(n);
+                check_planes_at_level<float>(n);
+            }
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(attention_agrees_with_50_digits_at_every_level_double) {
     check_attention_at_every_level<double>(1e-12);
 }

@@ -10,6 +10,7 @@
 #include "autodiff/cpu.hpp"
 #include "autodiff/dual.hpp"
 #include "autodiff/op.hpp"
+#include "autodiff/scalar.hpp"
 
 #include <algorithm>
 #include <array>
@@ -71,13 +72,10 @@ void softmax_row_dual(const Dual<U>* scores, std::size_t n, const U& row_max, Du
     U* const S_t = S_v + n;
     U* const A_v = S_t + n;
     U* const A_t = A_v + n;
-    for (std::size_t j = 0; j < n; ++j) {
-        S_v[j] = scores[j].value();
-        S_t[j] = scores[j].tangent();
-    }
+    compiled::deinterleave(pairs_of(scores), n, S_v, S_t);
     compiled::softmax_row(S_v, n, row_max, A_v);
     compiled::softmax_vjp_row(A_v, S_t, n, A_t);
-    for (std::size_t j = 0; j < n; ++j) weights[j] = Dual<U>(A_v[j], A_t[j]);
+    compiled::interleave(A_v, A_t, n, pairs_of(weights), false);
 }
 
 // Softmax's VJP of a dual row: dS = A ∘ (G − ⟨A, G⟩) differentiated along ε, with m = ⟨A_v, G_v⟩:
@@ -92,12 +90,8 @@ void softmax_vjp_row_dual(const Dual<U>* A, const Dual<U>* G, std::size_t n, Dua
     U* const G_t = G_v + n;
     U* const dS_v = G_t + n;
     U* const dS_t = dS_v + n;
-    for (std::size_t j = 0; j < n; ++j) {
-        A_v[j] = A[j].value();
-        A_t[j] = A[j].tangent();
-        G_v[j] = G[j].value();
-        G_t[j] = G[j].tangent();
-    }
+    compiled::deinterleave(pairs_of(A), n, A_v, A_t);
+    compiled::deinterleave(pairs_of(G), n, G_v, G_t);
     compiled::softmax_vjp_row(A_v, G_v, n, dS_v);
     compiled::softmax_vjp_row(A_v, G_t, n, dS_t);
     U m(0), tangent_mean(0);  // ⟨A_v, G_v⟩ and ⟨A_t, G_v⟩

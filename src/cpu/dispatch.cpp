@@ -146,6 +146,18 @@ void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da) 
 void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da) {
     active().f32.gelu_tanh_vjp(a, g, n, da);
 }
+void deinterleave(const double* pairs, std::size_t n, double* first, double* second) {
+    active().f64.deinterleave(pairs, n, first, second);
+}
+void deinterleave(const float* pairs, std::size_t n, float* first, float* second) {
+    active().f32.deinterleave(pairs, n, first, second);
+}
+void interleave(const double* first, const double* second, std::size_t n, double* pairs, bool accumulate) {
+    active().f64.interleave(first, second, n, pairs, accumulate);
+}
+void interleave(const float* first, const float* second, std::size_t n, float* pairs, bool accumulate) {
+    active().f32.interleave(first, second, n, pairs, accumulate);
+}
 
 }  // namespace compiled
 }  // namespace tapegrad

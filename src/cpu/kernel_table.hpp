@@ -23,6 +23,8 @@ struct KernelsFor {
     bool (*any_nan)(const T* x, std::size_t n);
     void (*gelu_tanh)(const T* a, std::size_t n, T* y);
     void (*gelu_tanh_vjp)(const T* a, const T* g, std::size_t n, T* da);
+    void (*deinterleave)(const T* pairs, std::size_t n, T* first, T* second);
+    void (*interleave)(const T* first, const T* second, std::size_t n, T* pairs, bool accumulate);
 };
 
 struct KernelTable {
