@@ -1,7 +1,7 @@
 // Speed only: softmax's vectorised row for float/double (compiled in the library per instruction-set
-// level, autodiff/cpu.hpp), its dual rows through the same kernels, and its replay update (the `update` hook
-// of autodiff/op.hpp), kept out of ops/softmax.hpp so that the op file reads as its formula,
-// forward and VJP.
+// level, autodiff/cpu.hpp), its dual rows through the same kernels, and its replay update (the
+// `update` hook of autodiff/op.hpp), kept out of ops/softmax.hpp so that the op file reads as its
+// formula, forward and VJP.
 // Invariant (autodiff/op.hpp): both give what the generic row in Softmax::normalise_row gives, to
 // rounding in the last digit (the op tables compare replays with a fresh forward, tests/support.hpp; the op tables
 // hold the double row to the 50-digit one).
