@@ -292,6 +292,8 @@ BOOST_AUTO_TEST_CASE(the_nan_scan_finds_every_position_at_every_level) {
     }
 }
 
+namespace {
+
 // The dual planes' copies (autodiff/dual_kernels.hpp): every length around the vector widths, each
 // number to its place exactly, and accumulate adds instead of writing.
 template <class T>
@@ -310,6 +312,8 @@ void check_planes_at_level(std::size_t n) {
     for (std::size_t k = 0; k < 2 * n; ++k) doubled = doubled && merged[k] == 2 * pairs[k];
     BOOST_TEST(doubled, "interleave accumulating, n = " << n);
 }
+
+}  // namespace
 
 BOOST_AUTO_TEST_CASE(dual_planes_split_and_merge_exactly_at_every_level) {
     const RestoreLevel restore;
