@@ -70,12 +70,13 @@ function(check_loads_from variable binary libdir)
   endif()
 endfunction()
 
-# Runs a consumer program (with LD_LIBRARY_PATH=libdir) and requires its normal output; then runs it
+# Runs a consumer program (with LD_LIBRARY_PATH=libdir) and requires its normal output (its gradient
+# checks passed, its threads agreed) and exit status 0 (run() stops on any other); then runs it
 # with TAPEGRAD_CPU=bogus and requires that it caught the library's tapegrad::value_error itself.
 function(run_consumer_program binary libdir)
   run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${binary})
   message(STATUS "${last_output}")
-  if(NOT last_output MATCHES "tapegrad consumer: cpu=[a-z0-9]+ J = ")
+  if(NOT last_output MATCHES "tapegrad consumer: cpu=[a-z0-9]+ J = .*tapegrad consumer: checks passed, threads agree")
     message(FATAL_ERROR "${binary} printed something unexpected: ${last_output}")
   endif()
   execute_process(COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} TAPEGRAD_CPU=bogus ${binary}
