@@ -14,10 +14,12 @@
 #include "timing.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/resource.h>
 #include <time.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -366,6 +368,14 @@ void bench_gradcheck(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 // "gradcheck"); none runs them all. TAPEGRAD_CPU=baseline|avx2|avx512 forces the kernels' level.
 int main(int argc, char** argv) {
     const std::vector<std::string> parts(argv + 1, argv + argc);
+    constexpr std::array<std::string_view, 6> known{"attention", "attention_float", "projections", "overhead", "matmul",
+                                                     "gradcheck"};
+    for (const std::string& part : parts) {
+        if (std::find(known.begin(), known.end(), part) == known.end()) {
+            fmt::print(stderr, "bench_attention: unknown part '{}' (parts: {})\n", part, fmt::join(known, ", "));
+            return 2;  // a bad command line, as in every program of the project (tools/options.hpp)
+        }
+    }
     const auto wanted = [&](const std::string& part) {
         return parts.empty() || std::find(parts.begin(), parts.end(), part) != parts.end();
     };

@@ -19,6 +19,7 @@
 
 #include "tapegrad.hpp"
 #include "ops/fused_attention.hpp"
+#include "tools/options.hpp"
 
 #ifdef TAPEGRAD_HAVE_TORCH
 #include <torch/torch.h>
@@ -216,15 +217,21 @@ int main(int argc, char** argv) {
     std::vector<std::size_t> sizes;
     std::vector<unsigned> thread_counts;
     bool fused_only = false;
-    for (int a = 1; a < argc; ++a) {
-        const std::string arg = argv[a];
-        if (arg == "--fused-only") {
-            fused_only = true;
-        } else if (arg == "--threads" && a + 1 < argc) {
-            thread_counts.push_back(static_cast<unsigned>(std::stoul(argv[++a])));
-        } else {
-            sizes.push_back(std::stoul(arg));
+    try {  // numbers read the way every program of the project reads them (tools/options.hpp)
+        for (int a = 1; a < argc; ++a) {
+            const std::string arg = argv[a];
+            if (arg == "--fused-only") {
+                fused_only = true;
+            } else if (arg == "--threads") {
+                if (a + 1 == argc) throw cli::usage_error("--threads needs a number");
+                thread_counts.push_back(cli::integer_argument("--threads", argv[++a], 1u, cli::max_threads));
+            } else {
+                sizes.push_back(cli::integer_argument("a size T", arg, std::size_t{1}, std::size_t{1} << 20));
+            }
         }
+    } catch (const cli::usage_error& e) {
+        fmt::print(stderr, "bench_fused: {} (usage: bench_fused [--fused-only] [--threads N]... [T]...)\n", e.what());
+        return cli::exit_usage;
     }
     if (sizes.empty()) sizes = {1024, 4096, 16384};
     if (thread_counts.empty()) thread_counts = {1, 2};

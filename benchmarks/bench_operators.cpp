@@ -14,6 +14,7 @@
 #include "tapegrad.hpp"
 #include "timing.hpp"
 #include "ops/operators.hpp"
+#include "tools/options.hpp"
 
 #include <fmt/format.h>
 #include <time.h>
@@ -135,14 +136,13 @@ void bench(std::size_t n) {
 int main(int argc, char** argv) {
     set_threads(1);
     std::vector<std::size_t> sizes;
-    for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
-    if (sizes.empty()) sizes = {64, 4096};
-    for (const std::size_t n : sizes) {
-        if (n == 0) {
-            fmt::print(stderr, "bench_operators: n must be a positive integer\n");
-            return 1;
-        }
-        bench(n);
+    try {  // read the way every program of the project reads its numbers (tools/options.hpp)
+        for (int i = 1; i < argc; ++i) sizes.push_back(cli::integer_argument("n", argv[i], std::size_t{1}, std::size_t{1} << 26));
+    } catch (const cli::usage_error& e) {
+        fmt::print(stderr, "bench_operators: {} (usage: bench_operators [n]...)\n", e.what());
+        return cli::exit_usage;
     }
+    if (sizes.empty()) sizes = {64, 4096};
+    for (const std::size_t n : sizes) bench(n);
     return 0;
 }

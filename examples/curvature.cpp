@@ -10,6 +10,7 @@
 // Exits non-zero if the Hessian and the differences disagree beyond 1e-25 or a check fails.
 #include "examples/retrieval.hpp"
 #include "tapegrad.hpp"
+#include "tools/options.hpp"
 
 #include <fmt/format.h>
 
@@ -127,8 +128,15 @@ Sharpness largest_eigenvalue(const RetrievalParameters& p, const RetrievalConfig
 }  // namespace
 
 int main(int argc, char** argv) {
+    std::size_t steps = 300;
+    try {  // read the way every program of the project reads its numbers (tools/options.hpp)
+        if (argc > 2) throw cli::usage_error(fmt::format("at most one argument, got {}", argc - 1));
+        if (argc > 1) steps = cli::integer_argument("training steps (the argument)", argv[1], std::size_t{0}, std::size_t{1000000});
+    } catch (const std::exception& e) {
+        fmt::print(stderr, "curvature: {} (usage: curvature [training steps])\n", e.what());
+        return cli::exit_usage;
+    }
     try {
-        const std::size_t steps = argc > 1 ? std::stoul(argv[1]) : 300;
         const double worst = example1_hessian(Example1{});
 
         RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads

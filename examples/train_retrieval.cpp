@@ -8,6 +8,7 @@
 //   usage: train_retrieval [steps] [composed|fused] [threads]
 //   (the attention kernel, composed by default; threads per process, 0 = one per core, the default)
 #include "examples/retrieval.hpp"
+#include "tools/options.hpp"
 
 #if TAPEGRAD_WITH_MPI
 #include "examples/data_parallel.hpp"
@@ -33,12 +34,20 @@ int main(int argc, char** argv) {
     const auto sum_over_workers = [](std::span<double>) {};
 #endif
     const bool printing = worker.rank == 0;
-    try {
-        TrainingPlan plan;
-        plan.steps = argc > 1 ? std::stoul(argv[1]) : 1000;
-        RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
+    TrainingPlan plan;
+    RetrievalConfig config{};  // 32 keys, 32 values, 12 pairs, D = 32, 4 heads
+    unsigned threads = 0;
+    try {  // the arguments, read the way every program of the project reads them (tools/options.hpp)
+        if (argc > 4) throw cli::usage_error(fmt::format("at most 3 arguments, got {}", argc - 1));
+        if (argc > 1) plan.steps = cli::integer_argument("steps (the first argument)", argv[1], std::size_t{1});
         config.kernel = attention_kernel_from(argc > 2 ? argv[2] : "composed");
-        if (argc > 3) set_threads(static_cast<unsigned>(std::stoul(argv[3])));
+        if (argc > 3) threads = cli::integer_argument("threads (the third argument)", argv[3], 0u, cli::max_threads);
+    } catch (const std::exception& e) {
+        if (printing) fmt::print(stderr, "train_retrieval: {} (usage: train_retrieval [steps] [composed|fused] [threads])\n", e.what());
+        return cli::exit_usage;
+    }
+    try {
+        if (argc > 3) set_threads(threads);
         const auto start = std::chrono::steady_clock::now();
 
         RetrievalTrainer trainer(config, AdamSettings{.learning_rate = 1e-2});

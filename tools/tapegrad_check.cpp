@@ -5,6 +5,7 @@
 #include "benchmarks/timing.hpp"
 #include "examples/retrieval.hpp"
 #include "tapegrad.hpp"
+#include "tools/options.hpp"
 
 #if TAPEGRAD_WITH_MPI
 #include "check/distributed.hpp"
@@ -33,7 +34,7 @@ namespace {
 namespace po = boost::program_options;
 using namespace tapegrad;
 
-constexpr int exit_ok = 0, exit_error = 1, exit_usage = 2, exit_check_failed = 3;
+constexpr int exit_ok = 0, exit_error = 1, exit_usage = cli::exit_usage, exit_check_failed = 3;
 
 constexpr std::string_view description = R"(tapegrad-check: the 50-digit gradient check of a built-in model.
 
@@ -226,20 +227,36 @@ std::optional<CheckReport> check_retrieval(Processes& processes, const Settings&
     }, leaves);
 }
 
+// Refuses a check that cannot fit in this machine's memory, before anything is allocated. A lower
+// bound: the T×T scores S and weights A of every head and sequence, on the 50-digit tape and on
+// the double tape (the check holds more: the other nodes, gradients, the replays' workspaces).
+void require_memory_for(const Settings& s) {
+    const double heads = s.model == "attention" ? 1.0 : static_cast<double>(s.heads);
+    const double sequences = s.model == "retrieval" ? static_cast<double>(s.batch) : 1.0;
+    const double tokens = static_cast<double>(s.tokens);
+    const double scores = sequences * heads * tokens * tokens;
+    cli::require_memory(scores * 2 * (sizeof(mp50) + sizeof(double)),
+                        "the T x T scores and weights of the 50-digit and double tapes",
+                        fmt::format("--model {} --tokens {}{}", s.model, s.tokens,
+                                    s.model == "retrieval" ? fmt::format(" --batch {}", s.batch) : ""));
+}
+
 // The settings from the command line; nullopt after --help.
 std::optional<Settings> parse(int argc, char** argv) {
     Settings s;
     po::options_description options{std::string(description)};
+    using cli::integer;
+    constexpr std::size_t one = 1;
     options.add_options()("help,h", "this text")(
         "model", po::value(&s.model)->default_value(s.model), "attention, multihead or retrieval")(
-        "tokens,T", po::value(&s.tokens)->default_value(s.tokens), "sequence length T")(
-        "width,D", po::value(&s.width)->default_value(s.width), "model width D")(
-        "heads,H", po::value(&s.heads)->default_value(s.heads), "heads (multihead, retrieval)")(
-        "batch,B", po::value(&s.batch)->default_value(s.batch), "sequences in the batch (retrieval)")(
+        "tokens,T", integer(&s.tokens, one)->default_value(s.tokens), "sequence length T")(
+        "width,D", integer(&s.width, one)->default_value(s.width), "model width D")(
+        "heads,H", integer(&s.heads, one)->default_value(s.heads), "heads (multihead, retrieval)")(
+        "batch,B", integer(&s.batch, one)->default_value(s.batch), "sequences in the batch (retrieval)")(
         "fast", po::bool_switch(&s.fast), "fast mode: random directions, full check only when one disagrees")(
-        "directions", po::value(&s.directions)->default_value(s.directions), "directions in fast mode")(
-        "seed", po::value(&s.seed)->default_value(s.seed), "values and directions")(
-        "threads", po::value(&s.threads)->default_value(s.threads), "threads per process (0: one per core)")(
+        "directions", integer(&s.directions, one)->default_value(s.directions), "directions in fast mode")(
+        "seed", integer(&s.seed, std::uint64_t{0})->default_value(s.seed), "values and directions")(
+        "threads", integer(&s.threads, 0u, cli::max_threads)->default_value(s.threads), "threads per process (0: one per core)")(
         "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
         "loads", po::bool_switch(&s.loads), "each rank's share and time on stderr (with MPI)")(
         "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing");
@@ -253,10 +270,10 @@ std::optional<Settings> parse(int argc, char** argv) {
     if (s.model != "attention" && s.model != "multihead" && s.model != "retrieval") {
         throw po::error(fmt::format("unknown --model '{}' (attention, multihead or retrieval)", s.model));
     }
-    if (s.tokens == 0 || s.width == 0 || s.heads == 0 || s.batch == 0 || s.width % s.heads != 0) {
-        throw po::error(fmt::format("sizes must be positive and --width a multiple of --heads (T {}, D {}, heads {}, "
-                                    "batch {})", s.tokens, s.width, s.heads, s.batch));
+    if (s.width % s.heads != 0) {
+        throw po::error(fmt::format("--width must be a multiple of --heads (D {}, heads {})", s.width, s.heads));
     }
+    require_memory_for(s);
     return s;
 }
 
