@@ -7,6 +7,7 @@
 #include "support.hpp"
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 #include <new>
 #include <optional>
@@ -21,22 +22,32 @@ std::atomic<std::size_t> allocations{0};
 std::atomic<long long> live_bytes{0};
 }  // namespace
 
-// Not inlined: GCC would otherwise see a `new` met by `free` at each call and warn of a mismatch.
+// Each block carries its size in front of it, so that both forms of delete take off what new added:
+// Clang 14 does not enable sized deallocation by default, and std::allocator then calls the
+// unsized form. Not inlined: GCC would otherwise see a `new` met by `free` at each call and warn of
+// a mismatch.
+namespace {
+constexpr std::size_t size_header = alignof(std::max_align_t);
+
+void release(void* p) noexcept {
+    if (p == nullptr) return;
+    void* const block = static_cast<std::byte*>(p) - size_header;
+    live_bytes -= static_cast<long long>(*static_cast<std::size_t*>(block));
+    std::free(block);
+}
+}  // namespace
+
 [[gnu::noinline]] void* operator new(std::size_t bytes) {
     ++allocations;
-    if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) {
+    if (void* const block = std::malloc(size_header + bytes)) {
+        *static_cast<std::size_t*>(block) = bytes;
         live_bytes += static_cast<long long>(bytes);
-        return p;
+        return static_cast<std::byte*>(block) + size_header;
     }
     throw std::bad_alloc();
 }
-[[gnu::noinline]] void operator delete(void* p, std::size_t bytes) noexcept {
-    live_bytes -= static_cast<long long>(bytes);
-    std::free(p);
-}
-// Everything this file's tests allocate is freed through the sized form (std::vector, std::string);
-// the unsized one is there for whatever else.
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { release(p); }
+[[gnu::noinline]] void operator delete(void* p) noexcept { release(p); }
 
 namespace {
 

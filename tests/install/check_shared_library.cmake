@@ -50,11 +50,13 @@ foreach(line IN LISTS symbols)
   list(GET fields 1 name)
   if(NOT name MATCHES "^(guard variable for )?tapegrad::")
     list(APPEND outside "${name}")
-  elseif(type MATCHES "^[WVw]$" AND NOT name MATCHES ">\\(")
-    # Weak and not a template instance: a copy of an inline function. (Template instances are
-    # weak too: the ops' entry points the library compiles for float, double and mp50,
-    # autodiff/instances.hpp, and the function templates they call; their names end in
-    # "<arguments>(parameters)".)
+  elseif(type MATCHES "^[WVw]$" AND name MATCHES "\\)( const)?$" AND NOT name MATCHES ">\\(")
+    # A weak function (its name ends in its parameters) that is not a template instance: a copy of
+    # an inline function. (Template instances are weak too: the ops' entry points the library
+    # compiles for float, double and mp50, autodiff/instances.hpp, and the function templates they
+    # call; their names end in "<arguments>(parameters)". Weak objects are not copies of
+    # functions: the function-local statics with their guards, above, and the op kinds
+    # op_kind_of<Op, T>, which GCC marks unique and Clang weak.)
     list(APPEND weak "${name}")
   endif()
 endforeach()
