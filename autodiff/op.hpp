@@ -48,6 +48,7 @@
 #include <span>
 #include <string_view>
 #include <type_traits>
+#include <typeinfo>
 
 namespace tapegrad {
 
@@ -173,6 +174,9 @@ private:
 template <Scalar T>
 struct OpKind {
     std::string_view name;
+    // The op's struct, the same for every scalar type: what finds the op's siblings at the other
+    // types when a recorded tape is re-run (autodiff/rerun.hpp).
+    const std::type_info* op;
     void (*forward)(const SettingsSlot& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
     // Every input's contribution; grads[k] is nullptr when input k needs none. For an op that
     // writes per-input VJPs this is generated: one vjp call per requested input.
@@ -215,6 +219,7 @@ template <class Op, Scalar T>
     requires TapeOp<Op, T>
 inline constexpr OpKind<T> op_kind_of{
     Op::name,
+    &typeid(Op),
     [](const SettingsSlot& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved) {
         Op::template forward<T>(settings.get<SettingsOf<Op, T>>(), in, out, saved);
     },

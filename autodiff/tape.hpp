@@ -151,6 +151,11 @@ public:
     template <class Op>
         requires TapeOp<Op, T>
     Var<T> record(std::initializer_list<Var<T>> inputs, SettingsOf<Op, T> settings = {}) {
+        return record<Op>(std::span<const Var<T>>(inputs.begin(), inputs.size()), std::move(settings));
+    }
+    template <class Op>
+        requires TapeOp<Op, T>
+    Var<T> record(std::span<const Var<T>> inputs, SettingsOf<Op, T> settings = {}) {
         if (inputs.size() > max_arity) {
             throw usage_error(fmt::format("{}: {} inputs exceed the tape's maximum of {}", Op::name, inputs.size(),
                                           max_arity));
@@ -325,6 +330,30 @@ public:
         return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
     }
 
+    // One recorded node as code outside the tape reads it to re-run or save the tape
+    // (autodiff/rerun.hpp): its op (nullptr for a leaf) and the op's settings, its inputs, value
+    // and label, and whether it needs a gradient (false for a constant).
+    struct RecordedNode {
+        const OpKind<T>* kind;
+        const SettingsSlot& settings;
+        std::span<const std::uint32_t> inputs;
+        const Tensor<T>& value;
+        std::string_view label;
+        bool requires_grad;
+    };
+    RecordedNode recorded(std::size_t index) const {
+        if (index >= used_) {
+            throw usage_error(fmt::format("Tape::recorded: node {} does not exist (the tape holds {})", index, used_));
+        }
+        const Node& node = nodes_[index];
+        return RecordedNode{node.kind, node.settings, std::span(node.inputs.data(), node.arity), node.value,
+                            node.label, node.requires_grad};
+    }
+    // Whether `var` is a live value of this tape (not another tape's, nor one from before a clear()).
+    bool holds(const Var<T>& var) const {
+        return var.tape_ == this && var.generation_ == generation_ && var.index_ < used_;
+    }
+
     // Nodes that use `leaf` as an input, with the slot: the branches of its gradient.
     std::vector<Edge> consumers(const Var<T>& leaf) const {
         check_var(leaf, "consumers");
@@ -456,9 +485,7 @@ private:
     // Called for every Var an op or accessor touches: the test is kept small enough to inline,
     // the message is built out of line.
     void check_var(const Var<T>& var, std::string_view where) const {
-        if (var.tape_ != this || var.generation_ != generation_ || var.index_ >= used_) [[unlikely]] {
-            throw_foreign_var(var, where);
-        }
+        if (!holds(var)) [[unlikely]] throw_foreign_var(var, where);
     }
     [[noreturn]] void throw_foreign_var(const Var<T>& var, std::string_view where) const {
         if (var.tape_ != this) {

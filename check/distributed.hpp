@@ -24,6 +24,7 @@
 #pragma once
 
 #include "check/gradcheck.hpp"
+#include "check/recorded.hpp"
 
 #include <boost/mpi/collectives/all_gather.hpp>
 #include <boost/mpi/communicator.hpp>
@@ -215,29 +216,29 @@ inline CheckReport stopped_report(const CheckOptions& options, const std::vector
 
 }  // namespace detail
 
-// Checks the gradients of `graph` with every rank of `world` taking a share of the finite
-// differences (see the top of this file). Every rank returns the same report; only rank 0 calls
-// options.progress. `loads`, when given, receives each rank's RankLoad (zeros for a rank that
+namespace detail {
+
+// A check with every rank of `world` taking a share of its finite differences: `run` runs it on
+// this rank with the given options and split. Every rank returns the same report; only rank 0
+// calls options.progress; `loads`, when given, receives each rank's RankLoad (zeros for a rank that
 // stopped early).
-template <std::size_t N, class Graph>
-CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const CheckOptions& options,
-                            const boost::mpi::communicator& world, std::vector<RankLoad>* loads = nullptr) {
-    using detail::Envelope;
-    using detail::RankState;
+inline CheckReport check_over_ranks(const CheckOptions& options, const boost::mpi::communicator& world,
+                                    std::vector<RankLoad>* loads,
+                                    const std::function<CheckReport(const CheckOptions&, WorkSplit*)>& run) {
     CheckOptions on_this_rank = options;
     if (world.rank() != 0) on_this_rank.progress = {};
-    detail::MpiSplit split(world);
+    MpiSplit split(world);
     CheckReport report;
     std::exception_ptr thrown;
     std::vector<Envelope> last;
     try {
-        report = detail::run_check(detail::graph_on_tapes<N>(graph), leaves, on_this_rank, nullptr, &split);
+        report = run(on_this_rank, &split);
         last = split.gather(Envelope{RankState::finished, report.passed ? "" : report.summary(), 0, {}, split.load()});
-    } catch (const detail::RanksStopped& stopped) {
+    } catch (const RanksStopped& stopped) {
         last = stopped.envelopes;
     } catch (...) {
         thrown = std::current_exception();
-        last = split.gather(Envelope{RankState::failed, detail::what_was_thrown(thrown), 0, {}, {}});
+        last = split.gather(Envelope{RankState::failed, what_was_thrown(thrown), 0, {}, {}});
     }
     if (loads != nullptr) {
         loads->clear();
@@ -248,7 +249,31 @@ CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const
     };
     if (all_in(RankState::finished)) return report;
     if (thrown && all_in(RankState::failed)) std::rethrow_exception(thrown);
-    return detail::stopped_report(options, last);
+    return stopped_report(options, last);
+}
+
+}  // namespace detail
+
+// Checks the gradients of `graph` with every rank of `world` taking a share of the finite
+// differences (see the top of this file and detail::check_over_ranks).
+template <std::size_t N, class Graph>
+CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const CheckOptions& options,
+                            const boost::mpi::communicator& world, std::vector<RankLoad>* loads = nullptr) {
+    const detail::GraphOnTapes on_tapes = detail::graph_on_tapes<N>(graph);
+    return detail::check_over_ranks(options, world, loads, [&](const CheckOptions& o, detail::WorkSplit* split) {
+        return detail::run_check(on_tapes, leaves, o, nullptr, split);
+    });
+}
+
+// The check of a recorded tape (check/recorded.hpp) over the ranks of `world`: every rank holds
+// the same recorded tape (each recorded it, or each loaded it).
+template <Scalar S>
+    requires std::same_as<S, double> || std::same_as<S, float>
+CheckReport check_gradients(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options,
+                            const boost::mpi::communicator& world, std::vector<RankLoad>* loads = nullptr) {
+    return detail::check_over_ranks(options, world, loads, [&](const CheckOptions& o, detail::WorkSplit* split) {
+        return detail::check_recorded(tape, J, o, split);
+    });
 }
 
 }  // namespace tapegrad

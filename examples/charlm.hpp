@@ -166,6 +166,7 @@ public:
         const Var<double> J = transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
                                                std::span<const std::size_t>(batch.targets), batch.size);
         tape_.backward(J);
+        loss_ = J;
         copy_gradients(vars);
         last_norm_ = clip_by_global_norm(gradient_pointers_, settings_.clip_norm);
         adam_.set_learning_rate(settings_.schedule().rate(s));
@@ -203,6 +204,10 @@ public:
     double last_gradient_norm() const { return last_norm_; }
     const std::vector<Tensor<double>>& parameters() const { return parameters_; }
     const TransformerConfig& config() const { return config_; }
+    // The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
+    // step or validation clears it: what check_gradients(tape, J) checks in place.
+    const Tape<double>& last_step_tape() const { return tape_; }
+    Var<double> last_step_loss() const { return loss_; }
 
     void save(const std::filesystem::path& directory) const;
     void load(const std::filesystem::path& directory);
@@ -217,6 +222,7 @@ private:
     std::vector<Tensor<double>> parameters_;
     Adam adam_;
     Tape<double> tape_;
+    Var<double> loss_;
     std::vector<Tensor<double>> gradients_;
     std::vector<Tensor<double>*> gradient_pointers_;
     double last_norm_ = 0;

@@ -1,6 +1,7 @@
 // How a user adds an op of their own: an elementwise tanh, written in one struct (forward, VJP
 // with its formula, a public function with its shape check), then verified by the 50-digit
-// checker, alone and inside attention (as a nonlinearity on the values). tapegrad has a tanh of
+// checker, alone and inside attention (as a nonlinearity on the values), and, registered with its
+// siblings (one line), on a tape recorded by ordinary code, checked as it ran. tapegrad has a tanh of
 // its own (ops/tanh.hpp); this one lives in the user's namespace my_ops and is called as
 // my_ops::tanh, so the two never meet.
 #include "tapegrad.hpp"
@@ -40,6 +41,10 @@ Var<T> tanh(const Var<T>& X) {
     return X.tape().template record<Tanh>({X});
 }
 
+// The op's siblings at double, 50 digits and the duals, so that a tape holding it can be re-run
+// and checked as recorded (check_gradients(tape, J); autodiff/rerun.hpp).
+inline const bool tanh_registered = register_siblings<Tanh>();
+
 }  // namespace my_ops
 
 int main() {
@@ -64,6 +69,14 @@ int main() {
             return sum(attention_from_qkv(Q, K, V).O);
         },
         {{"X", X}, {"W_Q", W}, {"W_K", W}, {"W_V", W}});
-    fmt::print("tanh inside attention: {}\n", inside.summary());
-    return alone.passed && inside.passed ? EXIT_SUCCESS : EXIT_FAILURE;
+    fmt::print("tanh inside attention: {}\n\n", inside.summary());
+
+    // A tape recorded by ordinary code, checked as it ran.
+    Tape<double> tape;
+    const Var<double> x = tape.leaf(X, "X"), w = tape.leaf(W, "W");
+    const Var<double> J = sum(matmul(my_ops::tanh(x), w));
+    tape.backward(J);
+    const CheckReport recorded = check_gradients(tape, J);
+    fmt::print("tanh on a recorded tape: {}\n", recorded.summary());
+    return alone.passed && inside.passed && recorded.passed ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -5,8 +5,10 @@
 // (--help lists every option). Progress is a bar on a terminal and plain lines otherwise. With
 // --curve FILE.png and gnuplot on the PATH, the loss and validation curves are drawn; --curve-data
 // writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
+// --check-step takes one step and checks the gradients of the tape it ran (check/recorded.hpp).
 #include "examples/charlm.hpp"
 #include "autodiff/parallel.hpp"
+#include "check/recorded.hpp"
 #include "tools/options.hpp"
 
 #include <boost/program_options.hpp>
@@ -31,6 +33,7 @@ struct RunOptions {
     std::size_t sample_length = 300;
     std::string kernel{attention_kernel_name(CharLmSettings{}.kernel)};
     unsigned threads = 1;
+    bool check_step = false;
     std::string save, load, prompt = "The ", curve, curve_data;
     std::vector<std::string> corpus;
 };
@@ -81,7 +84,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("sample-length", integer(&r.sample_length, none)->default_value(r.sample_length), "characters to sample, 0: none")
         ("curve", po::value(&r.curve), "PNG of the curves (needs gnuplot on the PATH)")
         ("curve-data", po::value(&r.curve_data), "text file of step, training and validation bits/char")
-        ("corpus", po::value(&r.corpus)->multitoken(), "text files (default: prose files of Debian's fortunes)");
+        ("corpus", po::value(&r.corpus)->multitoken(), "text files (default: prose files of Debian's fortunes)")
+        ("check-step", po::bool_switch(&r.check_step), "take one step, check its tape's gradients against 50-digit "
+                                                      "differences (fast mode) and stop; exit 3 if they disagree");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, description), values);
     if (values.count("help")) {
@@ -153,6 +158,22 @@ void draw_curve(const std::string& png, const std::string& data) {
     fmt::print("curve written to {}\n", png);
 }
 
+// --check-step: one training step, then its tape checked as it ran (check/recorded.hpp), fast mode.
+int check_one_step(CharLmTrainer& trainer) {
+    const double loss = trainer.step();
+    CheckOptions options;
+    options.mode = CheckOptions::Mode::fast;
+    options.progress = [](const CheckProgress& p) {
+        if (p.done == p.mine) fmt::print("  {}: {} derivatives, {:.1f} s\n", p.stage, p.done, p.seconds);
+    };
+    fmt::print("step {}: loss {:.4f} nats/char; checking its tape ({} nodes) against 50-digit differences\n",
+               trainer.steps_done(), loss, trainer.last_step_tape().size());
+    std::fflush(stdout);
+    const CheckReport report = check_gradients(trainer.last_step_tape(), trainer.last_step_loss(), options);
+    fmt::print("{}\n", report.summary());
+    return report.passed ? EXIT_SUCCESS : 3;
+}
+
 int run(const RunOptions& r) {
     set_threads(r.threads);
     std::vector<std::filesystem::path> files(r.corpus.begin(), r.corpus.end());
@@ -167,6 +188,7 @@ int run(const RunOptions& r) {
                r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
                [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
                attention_kernel_name(r.model.kernel), trainer.steps_done() + 1, last, r.model.steps, r.threads);
+    if (r.check_step) return check_one_step(trainer);
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     Progress progress(last);

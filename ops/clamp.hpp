@@ -27,6 +27,12 @@ struct Clamp {
     struct Settings {
         T lo, hi;
     };
+    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    // recorded values, held exactly (float and double are exact in mp50).
+    template <Scalar U, Scalar T>
+    static Settings<U> settings_as(const Settings<T>& s) {
+        return {U(s.lo), U(s.hi)};
+    }
 
     template <Scalar T>
     static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

@@ -28,6 +28,12 @@ struct Dropout {
     struct Settings {
         T factor;
     };
+    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    // recorded value, held exactly (float and double are exact in mp50).
+    template <Scalar U, Scalar T>
+    static Settings<U> settings_as(const Settings<T>& s) {
+        return {U(s.factor)};
+    }
 
     template <Scalar T>
     static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

@@ -33,6 +33,12 @@ struct LayerNorm {
     struct Settings {
         T epsilon;
     };
+    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    // recorded value, held exactly (float and double are exact in mp50).
+    template <Scalar U, Scalar T>
+    static Settings<U> settings_as(const Settings<T>& s) {
+        return {U(s.epsilon)};
+    }
 
     // saved = [x̂ (N·D values) | r (N values)]
     template <Scalar T>

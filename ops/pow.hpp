@@ -32,6 +32,12 @@ struct Pow {
     struct Settings {
         T p;
     };
+    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    // recorded value, held exactly (float and double are exact in mp50).
+    template <Scalar U, Scalar T>
+    static Settings<U> settings_as(const Settings<T>& s) {
+        return {U(s.p)};
+    }
 
     template <Scalar T>
     static bool is_integer(const T& p) {

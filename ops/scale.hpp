@@ -17,6 +17,12 @@ struct Scale {
     struct Settings {
         T c;
     };
+    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    // recorded value, held exactly (float and double are exact in mp50).
+    template <Scalar U, Scalar T>
+    static Settings<U> settings_as(const Settings<T>& s) {
+        return {U(s.c)};
+    }
 
     template <Scalar T>
     static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

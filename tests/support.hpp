@@ -13,7 +13,9 @@
 #include <functional>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
+#include <tuple>
 
 namespace tapegrad {
 
@@ -195,6 +197,47 @@ std::string message_of(F f) {
 
 template <class V>
 using scalar_of = typename std::decay_t<V>::scalar_type;
+
+// The first fault control (tests/test_fault_controls.cpp; also checked over MPI and as a recorded
+// tape): softmax whose VJP keeps only the numerator path, dS = A ∘ G, without − A ∘ rowsum(A ∘ G).
+struct SoftmaxWithoutDenominator : Softmax {
+    static constexpr std::string_view name = "softmax without denominator path";
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dS) {
+        for (std::size_t k = 0; k < at.out.size(); ++k) dS[k] = at.out[k] * at.G[k];
+    }
+};
+
+// The places a report names: its failing coordinates and branches, and the branch verdicts.
+using Place = std::tuple<std::string, std::string, std::string>;
+inline std::set<Place> failing_places(const CheckReport& r) {
+    std::set<Place> places;
+    for (const Mismatch& m : r.worst) places.insert({m.leaf, m.index, m.branch});
+    return places;
+}
+inline std::set<Place> branch_verdicts(const CheckReport& r) {
+    std::set<Place> verdicts;
+    for (const BranchReport& b : r.branches) verdicts.insert({b.leaf, b.consumer, std::to_string(b.failures)});
+    return verdicts;
+}
+
+// The recorded check and the generic-lambda check of one graph agree: verdict, mode, how many
+// derivatives and failures, the coordinates named, the branches and their verdicts. Their double
+// tapes are the same computation; their 50-digit functions differ by the double rounding of the
+// recorded constants (1/√d: a relative 1.1e-16), which moves the 50-digit differences the double
+// errors are measured against by as much (the errors are mixed, relative to max(1, |n|)): the
+// double errors agree to 1e-15, ten such roundings.
+inline void expect_same_report(const CheckReport& recorded, const CheckReport& generic) {
+    BOOST_TEST_MESSAGE("recorded: " << recorded.summary() << "\ngeneric:  " << generic.summary());
+    BOOST_TEST(recorded.passed == generic.passed);
+    BOOST_TEST(recorded.mode == generic.mode);
+    BOOST_TEST(recorded.coordinates == generic.coordinates);
+    BOOST_TEST(recorded.failures == generic.failures);
+    BOOST_TEST(recorded.kinks == generic.kinks);
+    BOOST_TEST((failing_places(recorded) == failing_places(generic)));
+    BOOST_TEST((branch_verdicts(recorded) == branch_verdicts(generic)));
+    BOOST_TEST(std::abs(recorded.max_error_double - generic.max_error_double) <= 1e-15);
+}
 
 // Dimensions an op-table row builds its leaves from (batch, and a matrix chain m×k·k×n).
 struct OpDims {

@@ -10,17 +10,10 @@
 
 using namespace tapegrad;
 using tapegrad::testing::scalar_of;
+using tapegrad::testing::SoftmaxWithoutDenominator;
 
 namespace {
 
-// Softmax whose VJP keeps only the numerator path: dS = A ∘ G.
-struct SoftmaxWithoutDenominator : Softmax {
-    static constexpr std::string_view name = "softmax without denominator path";
-    template <Scalar T>
-    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dS) {
-        for (std::size_t k = 0; k < at.out.size(); ++k) dS[k] = at.out[k] * at.G[k];
-    }
-};
 
 // Raw scores S = Q·Kᵀ, but with the VJP of S = Q·K: dQ = G·Kᵀ, dK = Qᵀ·G (square shapes only).
 struct ScoresDifferentiatedAsQK {

@@ -178,3 +178,24 @@ BOOST_AUTO_TEST_CASE(random_graphs_pass_the_50_digit_checker) {
         BOOST_TEST(op_uses.size() == op_names.size());
     }
 }
+
+// A sample of the random graphs recorded on a Tape<double> by running the recipe once, checked as
+// recorded (check/recorded.hpp): the verdicts and coordinates of the generic-lambda check above.
+BOOST_AUTO_TEST_CASE(recorded_random_graphs_check_like_the_generic_lambda) {
+    const std::uint64_t count = env_or("TAPEGRAD_RANDOM_RECORDED_GRAPHS", 40);
+    tapegrad::set_threads(1);
+    for (std::uint64_t g = 0; g < count; ++g) {
+        const Recipe recipe = draw(7000 + g);
+        std::mt19937_64 rng(recipe.seed);
+        const NamedTensor leaves[] = {{"x0", testing::random_tensor(recipe.leaf_shapes[0], rng)},
+                                      {"x1", testing::random_tensor(recipe.leaf_shapes[1], rng)},
+                                      {"x2", testing::random_tensor(recipe.leaf_shapes[2], rng)}};
+        Tape<double> tape;
+        std::array<Var<double>, leaf_count> vars;
+        for (std::size_t l = 0; l < leaf_count; ++l) vars[l] = tape.leaf(leaves[l].value, leaves[l].name);
+        const Var<double> J = Graph{&recipe}(vars);
+        BOOST_TEST_CONTEXT(recipe.describe()) {
+            testing::expect_same_report(check_gradients(tape, J), check_gradients(Graph{&recipe}, leaves));
+        }
+    }
+}

@@ -18,14 +18,7 @@ struct MpiEnvironment {
     boost::mpi::environment environment;
 };
 
-// Softmax whose VJP keeps only the numerator path (dS = A ∘ G): wrong at every coordinate.
-struct SoftmaxWithoutDenominator : Softmax {
-    static constexpr std::string_view name = "softmax without denominator path";
-    template <Scalar T>
-    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dS) {
-        for (std::size_t k = 0; k < at.out.size(); ++k) dS[k] = at.out[k] * at.G[k];
-    }
-};
+using testing::SoftmaxWithoutDenominator;  // wrong at every coordinate
 
 // The summary with the time taken left out (it is the one figure that differs).
 std::string text_of(CheckReport report) {
@@ -113,6 +106,20 @@ BOOST_AUTO_TEST_CASE(fast_check_of_multihead_attention_matches_one_process) {
     options.mode = CheckOptions::Mode::fast;
     options.directions = 5;
     expect_same_report(multihead_graph, multihead_leaves().leaves, options, true);
+}
+
+// A tape recorded by ordinary code (check/recorded.hpp), checked over the ranks: the report of one
+// process checking the same tape, text for text.
+BOOST_AUTO_TEST_CASE(a_recorded_tape_checked_over_the_ranks_matches_one_process) {
+    const MultiheadLeaves values = multihead_leaves();
+    Tape<double> tape;
+    std::array<Var<double>, 5> leaves;
+    for (std::size_t l = 0; l < 5; ++l) leaves[l] = tape.leaf(values.leaves[l].value, values.leaves[l].name);
+    const Var<double> J = multihead_graph(leaves);
+    const CheckReport alone = check_gradients(tape, J);
+    const CheckReport ranks = check_gradients(tape, J, CheckOptions{}, boost::mpi::communicator());
+    BOOST_TEST(alone.passed, alone.summary());
+    BOOST_TEST(text_of(ranks) == text_of(alone));
 }
 
 // A wrong VJP: the full check fails at every coordinate of both leaves, and the worst coordinates

@@ -1,0 +1,175 @@
+// Re-running a recorded tape at another scalar type: the graph a program recorded on a Tape<double>
+// or Tape<float>, as it stands (leaves, constants, every node's op and settings), recorded again
+// on a tape of double, mp50 or their duals. Leaves and constants convert exactly (float and double
+// are exact in mp50), and each op's settings convert from their recorded values (a factor 1/√d
+// rounded to float stays that float), so the function re-run is the function the recorded tape
+// computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
+// taken again by the op's forward in the new precision.
+//
+// An op re-runs through its siblings: the same struct's entry at each target type, one function
+// per (recorded type, target type) that records the op with its settings converted. The
+// library's ops have theirs compiled in the library (ops/instances/siblings.cpp); a user's op
+// gets them with one line, anywhere before a re-run (a test fixture, main, or beside the op):
+//
+//     inline const bool my_op_registered = tapegrad::register_siblings<MyOp>();
+//
+// (an op whose settings are a template over the scalar type also provides
+// `template <Scalar U, Scalar T> static Settings<U> settings_as(const Settings<T>&)`, as
+// ops/scale.hpp does). Re-running a tape that holds an op without siblings raises usage_error
+// naming the op and the type it was asked for.
+#pragma once
+
+#include "autodiff/dual.hpp"
+#include "autodiff/error.hpp"
+#include "autodiff/op.hpp"
+#include "autodiff/tape.hpp"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+namespace tapegrad {
+
+// One sibling: records the op of a node recorded at scalar type S (its settings in `settings`) on
+// the tape of `inputs`, at type U.
+template <Scalar S, Scalar U>
+struct Sibling {
+    Var<U> (*record)(const SettingsSlot& settings, std::span<const Var<U>> inputs) = nullptr;
+};
+
+// The types a tape can be recorded at and re-run from, and the types it can be re-run at.
+template <template <class, class> class Entry, class S>
+using SiblingsFrom = std::tuple<Entry<S, double>, Entry<S, mp50>, Entry<S, Dual<double>>, Entry<S, Dual<mp50>>>;
+
+// An op's siblings: one per (recorded type, target type).
+struct OpSiblings {
+    std::string_view name;
+    decltype(std::tuple_cat(SiblingsFrom<Sibling, float>{}, SiblingsFrom<Sibling, double>{})) entries;
+
+    template <Scalar S, Scalar U>
+    const Sibling<S, U>& get() const {
+        return std::get<Sibling<S, U>>(entries);
+    }
+};
+
+namespace detail {
+
+// The registry of siblings, by op struct (compiled in the library: ops/instances/siblings.cpp,
+// which also holds the library's ops, so they are there whenever the registry is).
+void add_siblings(const std::type_info& op, const OpSiblings& siblings);
+const OpSiblings* find_siblings(const std::type_info& op);
+
+template <class Op, Scalar S, Scalar U>
+SettingsOf<Op, U> settings_as(const SettingsOf<Op, S>& settings) {
+    if constexpr (std::is_same_v<SettingsOf<Op, S>, SettingsOf<Op, U>>) {
+        return settings;
+    } else {
+        return Op::template settings_as<U, S>(settings);
+    }
+}
+
+template <class Op, Scalar S, Scalar U>
+Var<U> record_sibling(const SettingsSlot& settings, std::span<const Var<U>> inputs) {
+    Tape<U>& tape = inputs[0].tape();
+    return tape.template record<Op>(inputs, settings_as<Op, S, U>(settings.get<SettingsOf<Op, S>>()));
+}
+
+template <class Op, Scalar S, Scalar U>
+void fill(Sibling<S, U>& sibling) {
+    sibling.record = &record_sibling<Op, S, U>;
+}
+
+// A scalar type's name, for messages.
+template <Scalar T>
+constexpr std::string_view scalar_name() {
+    if constexpr (std::is_same_v<T, float>) return "float";
+    else if constexpr (std::is_same_v<T, double>) return "double";
+    else if constexpr (std::is_same_v<T, mp50>) return "mp50";
+    else if constexpr (std::is_same_v<T, Dual<double>>) return "Dual<double>";
+    else if constexpr (std::is_same_v<T, Dual<mp50>>) return "Dual<mp50>";
+    else return "another scalar type";
+}
+
+// The value of a recorded leaf or constant at type U: exact for float and double sources.
+template <Scalar U, Scalar S>
+Tensor<U> tensor_as(const Tensor<S>& value) {
+    Tensor<U> out(value.shape());
+    for (std::size_t k = 0; k < value.size(); ++k) out[k] = U(value[k]);
+    return out;
+}
+
+}  // namespace detail
+
+// Op's siblings at every target type (instantiates Op's forward and VJP at each).
+template <class Op>
+OpSiblings siblings_of() {
+    OpSiblings siblings{Op::name, {}};
+    std::apply([](auto&... sibling) { (detail::fill<Op>(sibling), ...); }, siblings.entries);
+    return siblings;
+}
+
+// Registers Op's siblings (again: replaces them). Returns true, so that a namespace-scope
+// `inline const bool` can do it.
+template <class Op>
+bool register_siblings() {
+    detail::add_siblings(typeid(Op), siblings_of<Op>());
+    return true;
+}
+
+// The leaves of `tape` up to `output` that need a gradient (its inputs and parameters, not its
+// constants), in recorded order: the indices a re-run maps onto new leaves.
+template <Scalar S>
+std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& output) {
+    if (!tape.holds(output)) throw usage_error("gradient_leaves: the output does not belong to this tape");
+    std::vector<std::uint32_t> leaves;
+    for (std::uint32_t i = 0; i <= output.index(); ++i) {
+        const auto node = tape.recorded(i);
+        if (node.kind == nullptr && node.requires_grad) leaves.push_back(i);
+    }
+    return leaves;
+}
+
+// Records the graph of `source` up to `output` again on `target` (the tape of `leaves`, which stand
+// for gradient_leaves(source, output), in that order) and returns the re-run output. Constants are
+// recorded on `target` with their recorded values and labels; every node keeps its label.
+template <Scalar S, Scalar U>
+Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>> leaves) {
+    const std::vector<std::uint32_t> leaf_nodes = gradient_leaves(source, output);
+    if (leaves.size() != leaf_nodes.size() || leaves.empty()) {
+        throw usage_error(fmt::format("rerun: the recorded graph has {} leaves that need a gradient, {} given",
+                                      leaf_nodes.size(), leaves.size()));
+    }
+    Tape<U>& target = leaves[0].tape();
+    std::vector<Var<U>> mapped(output.index() + 1);
+    std::size_t next_leaf = 0;
+    for (std::uint32_t i = 0; i <= output.index(); ++i) {
+        const auto node = source.recorded(i);
+        if (node.kind == nullptr) {
+            mapped[i] = node.requires_grad ? leaves[next_leaf++]
+                                           : target.constant(detail::tensor_as<U>(node.value), node.label);
+            continue;
+        }
+        const OpSiblings* siblings = detail::find_siblings(*node.kind->op);
+        if (siblings == nullptr) {
+            throw usage_error(fmt::format(
+                "rerun: op '{}' (node {}) has no siblings to re-run it at {}; register them with "
+                "tapegrad::register_siblings<its struct>() (autodiff/rerun.hpp)",
+                node.kind->name, i, detail::scalar_name<U>()));
+        }
+        std::vector<Var<U>> inputs;
+        for (const std::uint32_t input : node.inputs) inputs.push_back(mapped[input]);
+        mapped[i] = siblings->template get<S, U>().record(node.settings, inputs);
+        if (!node.label.empty()) mapped[i].named(node.label);
+    }
+    return mapped[output.index()];
+}
+
+}  // namespace tapegrad

@@ -1,0 +1,284 @@
+// Checking the tape you ran (check/recorded.hpp) and re-running a recorded tape at another scalar
+// type (autodiff/rerun.hpp). Graphs recorded by ordinary code on a Tape<double> (the spec's
+// attention, a multi-head layer, a transformer, the retrieval model) are checked as they stand and
+// must get the verdicts the generic-lambda check of the same graph gets, with the same coordinates
+// in the reports; the fault controls are rejected by both; a re-run at 50 digits equals a direct
+// 50-digit recording with the double-rounded constants, value for value; a float tape, its JVP and
+// HVP check too; an op without siblings is refused by name.
+#define BOOST_TEST_MODULE rerun
+#include "support.hpp"
+
+#include "examples/retrieval.hpp"
+
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+
+using namespace tapegrad;
+using tapegrad::testing::random_tensor;
+using tapegrad::testing::scalar_of;
+using tapegrad::testing::expect_same_report;
+
+namespace {
+
+// The first fault control (a softmax VJP without the denominator path), registered like a user's op.
+using testing::SoftmaxWithoutDenominator;
+const bool broken_softmax_registered = register_siblings<SoftmaxWithoutDenominator>();
+
+// A user's op left unregistered.
+struct Unregistered : Scale {
+    static constexpr std::string_view name = "unregistered scale";
+};
+
+// The spec's attention (T = 3, D = 2, d = 2, r = 3), J = Σ O ∘ G, recorded as a user would.
+struct SpecLeaves {
+    Tensor<double> X = Tensor<double>::matrix({{1, 0}, {0, 1}, {1, 1}});
+    Tensor<double> W_Q = Tensor<double>::matrix({{0.5, -1}, {1, 0.25}});
+    Tensor<double> W_K = Tensor<double>::matrix({{1, 0}, {0.5, 1}});
+    Tensor<double> W_V = Tensor<double>::matrix({{2, 0, 1}, {0, 4, -1}});
+    Tensor<double> G = Tensor<double>::matrix({{1, -2, 0.5}, {0.25, 1, 3}, {-1, 0.5, 2}});
+};
+
+template <class SoftmaxOp>
+auto spec_graph(const SpecLeaves& v) {
+    return [&v](auto in) {
+        auto [X, W_Q, W_K, W_V] = in;
+        using T = scalar_of<decltype(X)>;
+        Tape<T>& tape = X.tape();
+        const auto S = scale(matmul(matmul(X, W_Q), transpose(matmul(X, W_K))), inv_sqrt<T>(2));
+        const auto O = matmul(tape.template record<SoftmaxOp>({S}), matmul(X, W_V));
+        return sum(O * tape.constant(tensor_cast<T>(v.G), "G"));
+    };
+}
+
+template <class SoftmaxOp>
+void expect_spec_graph_checks_alike(bool should_pass) {
+    const SpecLeaves v;
+    const auto graph = spec_graph<SoftmaxOp>(v);
+    Tape<double> tape;
+    const std::array<Var<double>, 4> leaves{tape.leaf(v.X, "X"), tape.leaf(v.W_Q, "W_Q"), tape.leaf(v.W_K, "W_K"),
+                                            tape.leaf(v.W_V, "W_V")};
+    const Var<double> J = graph(leaves);
+    tape.backward(J);  // the tape as the user ran it: recorded, differentiated
+    const CheckReport recorded = check_gradients(tape, J);
+    const CheckReport generic = check_gradients(graph, {{"X", v.X}, {"W_Q", v.W_Q}, {"W_K", v.W_K}, {"W_V", v.W_V}});
+    BOOST_TEST(recorded.passed == should_pass, recorded.summary());
+    expect_same_report(recorded, generic);
+    CheckOptions fast;
+    fast.mode = CheckOptions::Mode::fast;
+    expect_same_report(check_gradients(tape, J, fast), check_gradients(graph, {{"X", v.X}, {"W_Q", v.W_Q},
+                                                                                 {"W_K", v.W_K}, {"W_V", v.W_V}},
+                                                                       fast));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_spec_graph_recorded_by_ordinary_code_checks_like_the_generic_lambda) {
+    expect_spec_graph_checks_alike<Softmax>(true);
+}
+
+BOOST_AUTO_TEST_CASE(a_fault_control_on_a_recorded_tape_is_rejected_at_the_same_coordinates) {
+    BOOST_TEST(broken_softmax_registered);
+    expect_spec_graph_checks_alike<SoftmaxWithoutDenominator>(false);
+}
+
+BOOST_AUTO_TEST_CASE(a_rerun_at_50_digits_equals_a_direct_50_digit_recording_value_for_value) {
+    const SpecLeaves v;
+    const double c = 1 / std::sqrt(2.0);  // the factor as the double tape holds it
+    const auto graph = [&v, c](auto in) {
+        auto [X, W_Q, W_K, W_V] = in;
+        using T = scalar_of<decltype(X)>;
+        const auto S = scale(matmul(matmul(X, W_Q), transpose(matmul(X, W_K))), T(c));
+        const auto O = matmul(softmax(S), matmul(X, W_V));
+        return sum(O * X.tape().constant(tensor_cast<T>(v.G), "G"));
+    };
+    Tape<double> recorded;
+    const std::array<Var<double>, 4> leaves{recorded.leaf(v.X), recorded.leaf(v.W_Q), recorded.leaf(v.W_K),
+                                            recorded.leaf(v.W_V)};
+    const Var<double> J = graph(leaves);
+
+    Tape<mp50> direct, rerun_tape;
+    std::array<Var<mp50>, 4> direct_leaves, rerun_leaves;
+    for (std::size_t l = 0; l < 4; ++l) {
+        direct_leaves[l] = direct.leaf(tensor_cast<mp50>(leaves[l].value()));
+        rerun_leaves[l] = rerun_tape.leaf(tensor_cast<mp50>(leaves[l].value()));
+    }
+    const Var<mp50> J_direct = graph(direct_leaves);
+    const Var<mp50> J_rerun = rerun(recorded, J, std::span<const Var<mp50>>(rerun_leaves));
+    BOOST_TEST_REQUIRE(direct.size() == rerun_tape.size());
+    for (std::size_t i = 0; i < direct.size(); ++i) {
+        const Tensor<mp50>& a = direct.recorded(i).value;
+        const Tensor<mp50>& b = rerun_tape.recorded(i).value;
+        BOOST_TEST_REQUIRE((a.shape() == b.shape()));
+        for (std::size_t k = 0; k < a.size(); ++k) BOOST_TEST_REQUIRE((a[k] == b[k]), "node " << i << " entry " << k);
+    }
+    BOOST_TEST((J_rerun.value()[0] == J_direct.value()[0]));
+    // The double and 50-digit values differ (the re-run is more precise), by a double's rounding.
+    BOOST_TEST(to_double(J_rerun.value()[0]) == J.value()[0], boost::test_tools::tolerance(1e-14));
+}
+
+BOOST_AUTO_TEST_CASE(a_multihead_layer_recorded_by_ordinary_code_checks_like_the_generic_lambda) {
+    std::mt19937_64 rng(31);
+    const std::size_t T = 4, D = 4;
+    const Tensor<double> X = random_tensor(Shape{T, D}, rng), W_Q = random_tensor(Shape{D, D}, rng),
+                         W_K = random_tensor(Shape{D, D}, rng), W_V = random_tensor(Shape{D, D}, rng),
+                         W_O = random_tensor(Shape{D, D}, rng);
+    MultiHeadOptions options;
+    options.heads = 2;
+    const auto graph = [&options](auto in) {
+        const auto Y = multihead_attention(in[0], MultiHeadWeights<scalar_of<decltype(in[0])>>{in[1], in[2], in[3], in[4]},
+                                           options).Y;
+        return sum(Y * Y);
+    };
+    Tape<double> tape;
+    const std::array<Var<double>, 5> leaves{tape.leaf(X, "X"), tape.leaf(W_Q, "W_Q"), tape.leaf(W_K, "W_K"),
+                                            tape.leaf(W_V, "W_V"), tape.leaf(W_O, "W_O")};
+    const Var<double> J = graph(leaves);
+    expect_same_report(check_gradients(tape, J),
+                       check_gradients(graph, {{"X", X}, {"W_Q", W_Q}, {"W_K", W_K}, {"W_V", W_V}, {"W_O", W_O}}));
+}
+
+BOOST_AUTO_TEST_CASE(a_transformer_recorded_by_ordinary_code_checks_like_the_generic_lambda) {
+    TransformerConfig c;
+    c.layers = 1, c.width = 8, c.heads = 2, c.context = 4, c.vocabulary = 6;
+    std::mt19937_64 rng(7);
+    std::vector<Tensor<double>> values;
+    for (const Shape& shape : parameter_shapes(c)) values.push_back(random_tensor(shape, rng, 0.5));
+    const std::vector<std::size_t> tokens{1, 4, 0, 5}, targets{4, 0, 5, 2};
+    const auto graph = [&](auto& in) {
+        using T = scalar_of<decltype(in[0])>;
+        const auto vars = TransformerVars<T>::from(std::span<const Var<T>>(in.data(), in.size()), c);
+        return transformer_loss(vars, c, std::span<const std::size_t>(tokens), std::span<const std::size_t>(targets), 1);
+    };
+    Tape<double> tape;
+    const auto vars = TransformerVars<double>::record(tape, values, c);
+    const Var<double> J = transformer_loss(vars, c, std::span<const std::size_t>(tokens),
+                                           std::span<const std::size_t>(targets), 1);
+    constexpr std::size_t N = 16;  // 4 + 12·L, L = 1
+    const std::vector<std::string> names = parameter_names(c);
+    BOOST_TEST_REQUIRE(names.size() == N);
+    NamedTensor named[N];
+    for (std::size_t i = 0; i < N; ++i) named[i] = {names[i], values[i]};
+    expect_same_report(check_gradients(tape, J), check_gradients(graph, named));
+}
+
+BOOST_AUTO_TEST_CASE(the_retrieval_model_recorded_by_ordinary_code_checks_like_the_generic_lambda) {
+    RetrievalConfig config;
+    config.pairs = 3, config.keys = 4, config.values = 4, config.width = 8, config.heads = 2;
+    std::mt19937_64 generator(3);
+    const RetrievalBatch batch = make_retrieval_batch(config, 2, generator);
+    const RetrievalParameters p = RetrievalParameters::initial(config);
+    const auto graph = [&](auto in) {
+        using T = scalar_of<decltype(in[0])>;
+        return retrieval_loss(RetrievalVars<T>{in[0], in[1], in[2], in[3], in[4], in[5], in[6]}, batch, config.heads);
+    };
+    Tape<double> tape;
+    const std::array<Var<double>, 7> leaves{tape.leaf(p.E, "E"),     tape.leaf(p.P, "P"),     tape.leaf(p.W_Q, "W_Q"),
+                                            tape.leaf(p.W_K, "W_K"), tape.leaf(p.W_V, "W_V"), tape.leaf(p.W_O, "W_O"),
+                                            tape.leaf(p.W_U, "W_U")};
+    const Var<double> J = graph(leaves);
+    expect_same_report(check_gradients(tape, J),
+                       check_gradients(graph, {{"E", p.E}, {"P", p.P}, {"W_Q", p.W_Q}, {"W_K", p.W_K}, {"W_V", p.W_V},
+                                               {"W_O", p.W_O}, {"W_U", p.W_U}}));
+}
+
+BOOST_AUTO_TEST_CASE(a_float_tape_and_the_second_order_checks_of_a_recorded_tape) {
+    const SpecLeaves v;
+    Tape<float> tape;
+    const Var<float> X = tape.leaf(tensor_cast<float>(v.X), "X");
+    const Var<float> W = tape.leaf(tensor_cast<float>(v.W_Q), "W");
+    const Var<float> O = attention(X, W, W, W).O;
+    const Var<float> J = sum(O * O);
+    tape.backward(J);
+    const CheckReport gradients = check_gradients(tape, J);
+    BOOST_TEST(gradients.passed, gradients.summary());
+    BOOST_TEST(gradients.branches.size() == 6u);  // X and W, each via Q, K and V
+    const SecondOrderReport jvp = check_jvp(tape, O);
+    BOOST_TEST(jvp.passed, jvp.summary());
+    const SecondOrderReport hvp = check_hvp(tape, J);
+    BOOST_TEST(hvp.passed, hvp.summary());
+}
+
+BOOST_AUTO_TEST_CASE(an_op_without_siblings_is_refused_by_name) {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 2}}), "X");
+    const Var<double> J = sum(tape.record<Unregistered>({X}, Scale::Settings<double>{2.0}));
+    const std::string message = testing::message_of<usage_error>([&] { (void)check_gradients(tape, J); });
+    BOOST_TEST(message.find("op 'unregistered scale' (node 1) has no siblings to re-run it at double") !=
+               std::string::npos, message);
+    const std::string foreign = testing::message_of<usage_error>([&] {
+        Tape<double> other;
+        (void)check_gradients(other, J);
+    });
+    BOOST_TEST(foreign.find("not a value of this tape") != std::string::npos, foreign);
+}
+
+// Every op struct of the library on one recorded tape (inputs away from every kink): the tape
+// re-runs at 50 digits, every node within a double's rounding of the recorded value, and its
+// gradients pass the fast check as recorded. The list of op names below is the library's op list
+// (ops/instances/siblings.cpp); an op missing from the graph or from the registry fails here.
+BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
+    std::mt19937_64 rng(17);
+    const auto positive = [&](const Shape& shape) {  // in [0.2, 1.2): away from 0, the kinks and the clamp bounds
+        Tensor<double> t = random_tensor(shape, rng, 0.5);
+        for (double& x : t.data()) x += 0.7;
+        return t;
+    };
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(positive({2, 4}), "X"), Y = tape.leaf(positive({2, 4}), "Y");
+    const Var<double> W = tape.leaf(random_tensor({4, 4}, rng), "W"), E = tape.leaf(random_tensor({5, 4}, rng), "E");
+    const Var<double> gain = tape.leaf(positive({4}), "gain"), bias = tape.leaf(random_tensor({4}, rng), "bias");
+    const Var<double> keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}, {0, 1, 1, 1}, {1, 1, 1, 0}}));
+    const Var<double> visible = tape.constant(Tensor<double>::matrix({{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1}}));
+    const std::vector<std::size_t> rows{4, 0, 2, 1}, targets{1, 3, 0, 2};
+
+    const Var<double> a = clamp(add(abs(X), Y), -5.0, 5.0);                                  // abs add clamp
+    const Var<double> b = concat({a, mul(X, sigmoid(Y))}, 0);                                 // concat mul sigmoid
+    const Var<double> c = div(b, shift(exp(scale(b, 0.1)), 1.0));                            // div shift exp scale
+    const Var<double> d = layer_norm(gelu(dropout_with_mask(c, keep, 0.5)), gain, bias);     // dropout gelu layer_norm
+    const Var<double> e = log_softmax(matmul(d, W));                                          // log_softmax matmul
+    const Var<double> f = softmax(mask(e, visible));                                          // softmax mask
+    const Var<double> g = add(embedding(E, rows), transpose(f));                             // embedding transpose
+    const Var<double> h = merge_heads(permute(permute(split_heads(g, 2), {1, 0, 2}), {1, 0, 2}));  // split permute merge
+    const Var<double> q = fused_attention(h, h, tanh(h), true, 0);                            // fused_attention tanh
+    const Var<double> r = reshape(slice(q, 0, 1, 3), Shape{4, 2});                            // slice reshape
+    const Var<double> s = sqrt(pow(relu(neg(sub(r, shift(scale(r, 2.0), 5.0)))), 2.5));     // sqrt pow relu neg sub (relu of r + 5)
+    const Var<double> t = add(reciprocal(s), log(shift(r, 3.0)));                             // reciprocal log
+    const Var<double> J = add(add(sum(logsumexp(t, 1)), sum(max(t, 0))),                    // sum logsumexp max
+                              add(sum(mean(t, 1, true)), add(sum(sum(t, 0)), cross_entropy(e, targets))));  // mean sum_axis cross_entropy
+    std::set<std::string> ops;
+    for (std::size_t i = 0; i < tape.size(); ++i) ops.insert(std::string(tape.info(i).op));
+    const std::set<std::string> library{"leaf", "abs", "add", "clamp", "concat", "cross_entropy", "div", "dropout",
+                                        "embedding", "exp", "fused_attention", "gelu", "layer_norm", "log",
+                                        "log_softmax", "logsumexp", "mask", "matmul", "max", "mean", "merge_heads",
+                                        "mul", "neg", "permute", "pow", "reciprocal", "relu", "reshape", "scale",
+                                        "shift", "sigmoid", "slice", "softmax", "split_heads", "sqrt", "sub", "sum",
+                                        "sum_axis", "tanh", "transpose"};
+    BOOST_TEST((ops == library));
+
+    Tape<mp50> precise;
+    std::vector<Var<mp50>> leaves;
+    for (const std::uint32_t i : gradient_leaves(tape, J)) leaves.push_back(precise.leaf(tensor_cast<mp50>(tape.recorded(i).value)));
+    const Var<mp50> J_precise = rerun(tape, J, std::span<const Var<mp50>>(leaves));
+    BOOST_TEST_REQUIRE(precise.size() == tape.size());
+    for (std::size_t i = 0; i < tape.size(); ++i) {
+        const Tensor<double>& recorded = tape.recorded(i).value;
+        const Tensor<mp50>& again = precise.recorded(i).value;
+        BOOST_TEST_REQUIRE((recorded.shape() == again.shape()));
+        for (std::size_t k = 0; k < recorded.size(); ++k) {
+            // a double graph of ~60 nodes with exp and log: each value within 1e-12 (relative, or
+            // absolute below 1) of its 50-digit re-run; -inf (masked scores) stays -inf
+            const double x = recorded[k], y = to_double(again[k]);
+            if (std::isinf(x)) BOOST_TEST_REQUIRE(x == y);
+            else BOOST_TEST_REQUIRE(std::abs(x - y) <= 1e-12 * std::max(1.0, std::abs(y)), "node " << i << " " << tape.info(i).op);
+        }
+    }
+    BOOST_TEST(to_double(J_precise.value()[0]) == J.value()[0], boost::test_tools::tolerance(1e-12));
+    CheckOptions fast;
+    fast.mode = CheckOptions::Mode::fast;
+    const CheckReport report = check_gradients(tape, J, fast);
+    BOOST_TEST(report.passed, report.summary());
+    BOOST_TEST(report.kinks == 0u);
+}
