@@ -32,10 +32,19 @@ struct Gelu {
         GeluForm form = GeluForm::tanh;
     };
 
+    // π and √(2/π) in T's precision, computed once per type: at 50 digits an atan costs more than
+    // the rest of an element's GELU (it was most of a 50-digit replay of the char-LM's step).
     template <Scalar T>
-    static T pi() {
+    static const T& pi() {
         using std::atan;
-        return T(4) * T(atan(T(1)));
+        static const T value = T(4) * T(atan(T(1)));
+        return value;
+    }
+    template <Scalar T>
+    static const T& root_two_over_pi() {
+        using std::sqrt;
+        static const T value = sqrt(T(T(2) / pi<T>()));
+        return value;
     }
 
     template <Scalar T>
@@ -44,7 +53,7 @@ struct Gelu {
         using std::sqrt;
         using std::tanh;
         if (form == GeluForm::erf) return T(a * (T(1) + T(erf(a / T(sqrt(T(2)))))) / T(2));
-        const T c = sqrt(T(T(2) / pi<T>()));
+        const T& c = root_two_over_pi<T>();
         const T t = tanh(T(c * (a + T(0.044715) * a * a * a)));
         return T(a * (T(1) + t) / T(2));
     }
@@ -60,7 +69,7 @@ struct Gelu {
             const T phi = T(exp(T(-a * a / T(2)))) / T(sqrt(T(T(2) * pi<T>())));
             return Phi + a * phi;
         }
-        const T c = sqrt(T(T(2) / pi<T>()));
+        const T& c = root_two_over_pi<T>();
         const T k(0.044715);
         const T t = tanh(T(c * (a + k * a * a * a)));
         return (T(1) + t) / T(2) + a * (T(1) - t * t) * c * (T(1) + T(3) * k * a * a) / T(2);
