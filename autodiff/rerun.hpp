@@ -164,6 +164,10 @@ Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>
                 "tapegrad::register_siblings<its struct>() (autodiff/rerun.hpp)",
                 node.kind->name, i, detail::scalar_name<U>()));
         }
+        if (node.inputs.empty()) {  // a sibling records on its first input's tape
+            throw usage_error(fmt::format("rerun: op '{}' (node {}) has no inputs; only ops of at least one input "
+                                          "re-run", node.kind->name, i));
+        }
         std::vector<Var<U>> inputs;
         for (const std::uint32_t input : node.inputs) inputs.push_back(mapped[input]);
         mapped[i] = siblings->template get<S, U>().record(node.settings, inputs);

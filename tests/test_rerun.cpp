@@ -27,6 +27,20 @@ namespace {
 using testing::SoftmaxWithoutDenominator;
 const bool broken_softmax_registered = register_siblings<SoftmaxWithoutDenominator>();
 
+// An op of no inputs (a constant 1), registered: a re-run cannot place it on a tape.
+struct ConstantOne {
+    static constexpr std::string_view name = "constant one";
+    using Settings = NoSettings;
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T>, Tensor<T>& out, Tensor<T>&) {
+        out.resize(Shape{1});
+        out[0] = T(1);
+    }
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>&, std::size_t, Tensor<T>&) {}
+};
+const bool constant_one_registered = register_siblings<ConstantOne>();
+
 // A user's op left unregistered.
 struct Unregistered : Scale {
     static constexpr std::string_view name = "unregistered scale";
@@ -213,6 +227,12 @@ BOOST_AUTO_TEST_CASE(an_op_without_siblings_is_refused_by_name) {
         (void)check_gradients(other, J);
     });
     BOOST_TEST(foreign.find("not a value of this tape") != std::string::npos, foreign);
+    BOOST_TEST(constant_one_registered);
+    Tape<double> second;
+    const Var<double> Y = second.leaf(Tensor<double>::matrix({{1, 2}}), "Y");
+    const Var<double> K = sum(mul(Y, second.record<ConstantOne>({})));
+    const std::string no_inputs = testing::message_of<usage_error>([&] { (void)check_gradients(second, K); });
+    BOOST_TEST(no_inputs.find("op 'constant one' (node 1) has no inputs") != std::string::npos, no_inputs);
 }
 
 // Every op struct of the library on one recorded tape (inputs away from every kink): the tape
