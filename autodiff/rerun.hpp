@@ -45,14 +45,13 @@ struct Sibling {
     Var<U> (*record)(const SettingsSlot& settings, std::span<const Var<U>> inputs) = nullptr;
 };
 
-// The types a tape can be recorded at and re-run from, and the types it can be re-run at.
-template <template <class, class> class Entry, class S>
-using SiblingsFrom = std::tuple<Entry<S, double>, Entry<S, mp50>, Entry<S, Dual<double>>, Entry<S, Dual<mp50>>>;
+// The siblings of an op recorded at S: one per type it can be re-run at.
+template <Scalar S>
+using SiblingsFrom = std::tuple<Sibling<S, double>, Sibling<S, mp50>, Sibling<S, Dual<double>>, Sibling<S, Dual<mp50>>>;
 
-// An op's siblings: one per (recorded type, target type).
+// An op's siblings: one per (recorded type, target type), for tapes recorded at float or double.
 struct OpSiblings {
-    std::string_view name;
-    decltype(std::tuple_cat(SiblingsFrom<Sibling, float>{}, SiblingsFrom<Sibling, double>{})) entries;
+    decltype(std::tuple_cat(SiblingsFrom<float>{}, SiblingsFrom<double>{})) entries;
 
     template <Scalar S, Scalar U>
     const Sibling<S, U>& get() const {
@@ -111,7 +110,7 @@ Tensor<U> tensor_as(const Tensor<S>& value) {
 // Op's siblings at every target type (instantiates Op's forward and VJP at each).
 template <class Op>
 OpSiblings siblings_of() {
-    OpSiblings siblings{Op::name, {}};
+    OpSiblings siblings{};
     std::apply([](auto&... sibling) { (detail::fill<Op>(sibling), ...); }, siblings.entries);
     return siblings;
 }
