@@ -1,26 +1,20 @@
-// Umbrella header, the one include for users: the engine (tensor, tape, op contract, threads,
-// forward mode and second order), the gradient checker and the second-order checks, input/output
-// (.npy, fmt formatting, DOT pictures), every op, and the models composed from them. Applications (the retrieval model) live in examples/.
+// Umbrella header, the one include for users: everything of tapegrad_record.hpp (the engine,
+// every op, the models, input/output and the check of a recorded tape), .npy files (io/npy.hpp),
+// and the 50-digit side:
+// mp50 (autodiff/mp50.hpp, first, so that every op's mp50 entry points are the library's), the
+// generic-lambda gradient checker (check/gradcheck.hpp), the generic second-order checks
+// (check/second_order.hpp) and the re-run of a recorded tape at any type (autodiff/rerun.hpp).
+// A program that only records and checks library ops on Tape<double> or Tape<float> includes
+// tapegrad_record.hpp instead and compiles in about a third of the time.
+// Applications (the retrieval model) live in examples/.
 #pragma once
 
-#include "autodiff/dual.hpp"
-#include "autodiff/error.hpp"
-#include "autodiff/forward_mode.hpp"
-#include "autodiff/op.hpp"
-#include "autodiff/parallel.hpp"
+#include "autodiff/mp50.hpp"
+#include "tapegrad_record.hpp"
+
 #include "autodiff/rerun.hpp"
-#include "autodiff/scalar.hpp"
-#include "autodiff/tape.hpp"
-#include "autodiff/tensor.hpp"
-#include "check/gradcheck.hpp"
-#include "check/recorded.hpp"
-#include "check/second_order.hpp"
-#include "io/format.hpp"
-#include "io/graphviz.hpp"
 #include "io/npy.hpp"
-#include "models/attention.hpp"
-#include "models/masks.hpp"
-#include "models/multihead.hpp"
-#include "models/optimizer.hpp"
-#include "models/transformer.hpp"
-#include "ops/instances/all_ops.hpp"  // every op
+#include "check/gradcheck.hpp"
+#include "check/second_order.hpp"
+
+#include <fmt/format.h>  // the light headers use fmt/core.h; programs of the full header get all of fmt

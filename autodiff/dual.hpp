@@ -18,9 +18,6 @@
 // Math functions are hidden friends, found by ADL from the ops' `using std::exp; exp(x)`.
 #pragma once
 
-#include <boost/math/constants/constants.hpp>
-#include <boost/multiprecision/cpp_bin_float.hpp>
-
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -174,17 +171,14 @@ public:
 
     // NaN anywhere is NaN: the tape's NaN guard then names the op whose tangent went wrong.
     friend bool isnan(const Dual& x) {
-        using boost::multiprecision::isnan;
         using std::isnan;
         return isnan(x.v_) || isnan(x.t_);
     }
     friend bool isfinite(const Dual& x) {
-        using boost::multiprecision::isfinite;
         using std::isfinite;
         return isfinite(x.v_) && isfinite(x.t_);
     }
     friend bool isinf(const Dual& x) {
-        using boost::multiprecision::isinf;
         using std::isinf;
         return isinf(x.v_);
     }
@@ -192,9 +186,11 @@ public:
 private:
     // tangent·factor, exactly zero when the tangent is zero (whatever the factor: ±inf included).
     static T scaled(const T& tangent, const T& factor) { return tangent == T(0) ? T(0) : T(tangent * factor); }
+    // √π in T's precision (π as 4·atan(1): correctly rounded for double, 50 digits for mp50).
     static T sqrt_pi() {
+        using std::atan;
         using std::sqrt;
-        static const T root = T(sqrt(boost::math::constants::pi<T>()));
+        static const T root = T(sqrt(T(T(4) * T(atan(T(1))))));
         return root;
     }
 

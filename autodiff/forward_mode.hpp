@@ -19,7 +19,7 @@
 #include "autodiff/error.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <cstddef>

@@ -32,8 +32,13 @@
 //       checker's 50-digit replays). Returns false to decline (the replay then calls forward).
 //       INVARIANT: the result equals `forward` on `after` to rounding in the last digit; the op
 //       tables (tests/support.hpp, check_op_seeded) compare every op's replays with a fresh forward.
-// * Optional, and may be inherited (it reports, it changes no result): `cost(settings, in) -> OpCost`,
-//   the multiply-adds of forward and backward, for cost reports (tests/test_cost.cpp).
+// * Optional, and may be inherited (they report, they change no result):
+//     - `cost(settings, in) -> OpCost`, the multiply-adds of forward and backward, for cost
+//       reports (tests/test_cost.cpp);
+//     - `branch(settings, in, k) -> std::uint32_t`, for an op whose value takes a data-dependent
+//       branch (relu, abs, clamp, max): which one output element k took (a sign class, a region
+//       of the clamp, the argmax's index). A re-run of a recorded tape at another precision that
+//       takes another branch than the recording is reported node by node (check/recorded.hpp).
 #pragma once
 
 #include "autodiff/tensor.hpp"
@@ -185,7 +190,15 @@ struct OpKind {
     bool (*update)(const SettingsSlot& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
                    Tensor<T>& out);
     OpCost (*cost)(const SettingsSlot& settings, Inputs<T> in);
+    // nullptr when the op takes no data-dependent branch.
+    std::uint32_t (*branch)(const SettingsSlot& settings, Inputs<T> in, std::size_t k);
 };
+
+// The branch a sign test takes (relu's and abs's): 0 below zero, 1 at zero, 2 above.
+template <Scalar T>
+std::uint32_t sign_class(const T& x) {
+    return x < T(0) ? 0u : x > T(0) ? 2u : 1u;
+}
 
 namespace detail {
 
@@ -213,6 +226,18 @@ constexpr auto update_of() {
         return Update{nullptr};
     }
 }
+
+template <class Op, Scalar T>
+constexpr auto branch_of() {
+    using Branch = std::uint32_t (*)(const SettingsSlot&, Inputs<T>, std::size_t);
+    if constexpr (requires(const SettingsOf<Op, T>& s, Inputs<T> in) { Op::template branch<T>(s, in, std::size_t{}); }) {
+        return Branch{[](const SettingsSlot& settings, Inputs<T> in, std::size_t k) -> std::uint32_t {
+            return Op::template branch<T>(settings.get<SettingsOf<Op, T>>(), in, k);
+        }};
+    } else {
+        return Branch{nullptr};
+    }
+}
 }  // namespace detail
 
 template <class Op, Scalar T>
@@ -232,6 +257,7 @@ inline constexpr OpKind<T> op_kind_of{
             return OpCost{};
         }
     },
+    detail::branch_of<Op, T>(),
 };
 
 }  // namespace tapegrad

@@ -20,11 +20,12 @@
 #pragma once
 
 #include "autodiff/dual.hpp"
+#include "autodiff/mp50.hpp"
 #include "autodiff/error.hpp"
 #include "autodiff/op.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -138,9 +139,11 @@ std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& ou
 
 // Records the graph of `source` up to `output` again on `target` (the tape of `leaves`, which stand
 // for gradient_leaves(source, output), in that order) and returns the re-run output. Constants are
-// recorded on `target` with their recorded values and labels; every node keeps its label.
+// recorded on `target` with their recorded values and labels; every node keeps its label. When
+// `nodes` is given, it receives the re-run value of every recorded node (index i for node i).
 template <Scalar S, Scalar U>
-Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>> leaves) {
+Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>> leaves,
+             std::vector<Var<U>>* nodes = nullptr) {
     const std::vector<std::uint32_t> leaf_nodes = gradient_leaves(source, output);
     if (leaves.size() != leaf_nodes.size() || leaves.empty()) {
         throw usage_error(fmt::format("rerun: the recorded graph has {} leaves that need a gradient, {} given",
@@ -172,7 +175,9 @@ Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>
         mapped[i] = siblings->template get<S, U>().record(node.settings, inputs);
         if (!node.label.empty()) mapped[i].named(node.label);
     }
-    return mapped[output.index()];
+    const Var<U> out = mapped[output.index()];
+    if (nodes != nullptr) *nodes = std::move(mapped);
+    return out;
 }
 
 }  // namespace tapegrad

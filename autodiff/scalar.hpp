@@ -1,11 +1,11 @@
 // Scalar types tapegrad computes in, and the few math helpers that must work for all of them:
-// float, double, Boost.Multiprecision's 50-digit binary float (the checker's reference type), and
-// Dual over any of them (a value and a tangent, forward mode: autodiff/dual.hpp).
+// float, double, Boost.Multiprecision's numbers (mp50, the checker's 50-digit reference type, is
+// autodiff/mp50.hpp), and Dual over any of them (a value and a tangent, forward mode:
+// autodiff/dual.hpp). This header does not include Boost.Multiprecision: a program that records
+// and checks tapes of float or double compiles nothing of it (the light headers, tapegrad_record.hpp).
 #pragma once
 
 #include "autodiff/dual.hpp"
-
-#include <boost/multiprecision/cpp_bin_float.hpp>
 
 #include <cmath>
 #include <concepts>
@@ -15,13 +15,12 @@
 
 namespace tapegrad {
 
-// 50 significant decimal digits (about 168 bits). cpp_bin_float is header-only, stores its digits
-// inline (no heap allocation per element), and has expression templates off, so
-// `auto x = a * b;` holds a number, not an expression.
-using mp50 = boost::multiprecision::cpp_bin_float_50;
-
+// A real scalar: a built-in floating type, or a Boost.Multiprecision number (recognised by its
+// backend type and numeric_limits, so that this header need not include Boost.Multiprecision).
 template <class T>
-concept RealScalar = std::floating_point<T> || boost::multiprecision::is_number<T>::value;
+concept RealScalar = std::floating_point<T> ||
+                     (requires { typename T::backend_type; } && std::numeric_limits<T>::is_specialized &&
+                      !std::numeric_limits<T>::is_integer);
 
 template <class T>
 concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>);
@@ -89,17 +88,16 @@ T magnitude(const T& x) {
     return T(abs(x));
 }
 
+// (Boost.Multiprecision's isnan and isfinite are found by argument-dependent lookup.)
 template <Scalar T>
 bool is_nan(const T& x) {
     using std::isnan;
-    using boost::multiprecision::isnan;
     return isnan(x);
 }
 
 template <Scalar T>
 bool is_finite(const T& x) {
     using std::isfinite;
-    using boost::multiprecision::isfinite;
     return isfinite(x);
 }
 

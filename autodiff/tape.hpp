@@ -9,7 +9,7 @@
 #include "autodiff/op.hpp"
 #include "autodiff/tensor.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>
@@ -106,23 +106,10 @@ public:
     // A new tape takes the nodes and scratch buffers that the last tape to die on this thread
     // left, if it left any: a fresh tape per training step, the common way to write one, then
     // allocates no more than a cleared one. Otherwise it starts with room for a small graph.
-    Tape() : generation_(next_generation()) {
-        Buffers& pool = NodePool::buffers();
-        if (!pool.nodes.empty()) {
-            nodes_ = std::move(pool.nodes);
-            scratch_ = std::move(pool.scratch);
-            pool = Buffers{};
-        } else {
-            nodes_.reserve(initial_nodes);
-        }
-    }
+    Tape();
     // Leaves its buffers to the next tape made on this thread when they hold at most
     // `pooled_bytes_limit` (a large graph's memory goes back to the allocator with its tape).
-    ~Tape() {
-        if (NodePool::closed() || held_bytes() > pooled_bytes_limit) return;
-        Buffers& pool = NodePool::buffers();
-        if (pool.nodes.empty()) pool = Buffers{std::move(nodes_), std::move(scratch_)};
-    }
+    ~Tape();
     // Vars point at their tape, so a tape stays where it was made.
     Tape(const Tape&) = delete;
     Tape& operator=(const Tape&) = delete;
@@ -130,18 +117,8 @@ public:
     // An input or parameter. Gradients are computed for it when `requires_grad`. A tensor passed
     // by reference is copied into the node's reused buffer (no allocation once the tape has held
     // a graph of this size); a temporary is moved in.
-    Var<T> leaf(const Tensor<T>& value, std::string_view label = {}, bool requires_grad = true) {
-        check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
-        Node& node = append_leaf(label, requires_grad);
-        node.value = value;  // vector copy-assignment keeps the node's capacity
-        return handle(used_ - 1);
-    }
-    Var<T> leaf(Tensor<T>&& value, std::string_view label = {}, bool requires_grad = true) {
-        check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
-        Node& node = append_leaf(label, requires_grad);
-        node.value = std::move(value);
-        return handle(used_ - 1);
-    }
+    Var<T> leaf(const Tensor<T>& value, std::string_view label = {}, bool requires_grad = true);
+    Var<T> leaf(Tensor<T>&& value, std::string_view label = {}, bool requires_grad = true);
     // A value that never needs a gradient (masks, the probe G, targets).
     Var<T> constant(const Tensor<T>& value, std::string_view label = {}) { return leaf(value, label, false); }
     Var<T> constant(Tensor<T>&& value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
@@ -186,35 +163,10 @@ public:
     }
 
     // Reverse sweep from a one-element output, seeded with 1.
-    void backward(const Var<T>& output) {
-        check_var(output, "backward");
-        const Tensor<T>& value = nodes_[output.index_].value;
-        if (value.size() != 1) {
-            throw usage_error(fmt::format(
-                "backward: output of shape {} is not a scalar; pass its upstream gradient G explicitly",
-                value.shape().to_string()));
-        }
-        if (backward_done_) throw_backward_done();
-        // Seeded in place: the node's gradient buffer is reused, no tensor is allocated.
-        Node& seed = nodes_[output.index_];
-        seed.grad.resize(value.shape());
-        seed.grad.fill(T(1));
-        sweep(output.index_);
-    }
+    void backward(const Var<T>& output);
 
     // Reverse sweep from `output`, seeded with the upstream gradient G (same shape as output).
-    void backward(const Var<T>& output, const Tensor<T>& upstream) {
-        check_var(output, "backward");
-        Node& seed = nodes_[output.index_];
-        if (!(upstream.shape() == seed.value.shape())) {
-            throw shape_error(fmt::format("backward: upstream gradient of shape {} for an output of shape {}",
-                                          upstream.shape().to_string(), seed.value.shape().to_string()));
-        }
-        if (backward_done_) throw_backward_done();
-        check_no_nan(upstream, "backward", "the upstream gradient");
-        seed.grad = upstream;  // copy-assignment reuses the node's buffer
-        sweep(output.index_);
-    }
+    void backward(const Var<T>& output, const Tensor<T>& upstream);
 
     // Forgets gradients, keeps values: backward may run again.
     void zero_grad() {
@@ -240,27 +192,7 @@ public:
     void log_branches(bool on) { log_branches_ = on; }
     const std::vector<Branch<T>>& branches() const { return branches_; }
 
-    NodeInfo info(std::size_t index) const {
-        if (index >= used_) {
-            throw usage_error(fmt::format("Tape::info: node {} does not exist (the tape holds {})", index, used_));
-        }
-        const Node& node = nodes_[index];
-        OpCost cost{};
-        if (node.kind != nullptr) {
-            std::array<const Tensor<T>*, max_arity> values{};
-            gather_inputs(node, values);
-            cost = node.kind->cost(node.settings, std::span(values.data(), node.arity));
-        }
-        const std::size_t bytes = (node.value.size() + node.saved.size() + (node.has_grad ? node.grad.size() : 0)) *
-                                  sizeof(T);
-        return NodeInfo{node.kind ? node.kind->name : std::string_view("leaf"),
-                        node.label,
-                        node.value.shape(),
-                        std::span(node.inputs.data(), node.arity),
-                        node.requires_grad,
-                        cost,
-                        bytes};
-    }
+    NodeInfo info(std::size_t index) const;
 
     // An edge of the graph: input `slot` of node `consumer`.
     struct Edge {
@@ -280,55 +212,7 @@ public:
     // at once, each with its own workspace. This is how the checker's finite differences avoid
     // re-running the whole graph for every perturbed coordinate.
     const Tensor<T>& replay(const Var<T>& output, std::span<const Replacement> replacements,
-                            ReplayWorkspace<T>& work) const {
-        check_var(output, "replay");
-        std::size_t first = output.index_;
-        for (const Replacement& r : replacements) {
-            check_var(r.leaf, "replay");
-            const Shape& expected = nodes_[r.leaf.index_].value.shape();
-            if (!(r.value->shape() == expected)) {
-                throw shape_error(fmt::format("replay: replacement of shape {} for a leaf of shape {}",
-                                              r.value->shape().to_string(), expected.to_string()));
-            }
-            if (r.leaf.index_ == output.index_) return *r.value;
-            first = std::min<std::size_t>(first, r.leaf.index_);
-        }
-        if (work.values.size() < used_) {
-            work.values.resize(used_);
-            work.saved.resize(used_);
-        }
-        work.dirty.assign(used_, 0);
-        for (std::size_t i = first + 1; i <= output.index_; ++i) {
-            const Node& node = nodes_[i];
-            if (node.kind == nullptr) continue;
-            std::array<const Tensor<T>*, max_arity> values{};
-            std::array<const Tensor<T>*, max_arity> recorded{};
-            bool touched = false;
-            for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-                const std::uint32_t source = node.inputs[slot];
-                recorded[slot] = &nodes_[source].value;
-                values[slot] = work.dirty[source] ? &work.values[source] : &nodes_[source].value;
-                touched = touched || work.dirty[source];
-                for (const Replacement& r : replacements) {
-                    if (source == r.leaf.index_ && (!r.edge || (r.edge->consumer == i && r.edge->slot == slot))) {
-                        values[slot] = r.value;
-                        touched = true;
-                    }
-                }
-            }
-            if (!touched) continue;
-            work.dirty[i] = 1;
-            // A perturbed coordinate usually changes few entries: let the op update its recorded
-            // output instead of recomputing it (the checker's 50-digit replays are most of its time).
-            if (node.kind->update != nullptr &&
-                node.kind->update(node.settings, std::span(recorded.data(), node.arity),
-                                  std::span(values.data(), node.arity), node.value, work.values[i])) {
-                continue;
-            }
-            node.kind->forward(node.settings, std::span(values.data(), node.arity), work.values[i], work.saved[i]);
-        }
-        return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
-    }
+                            ReplayWorkspace<T>& work) const;
 
     // One recorded node as code outside the tape reads it to re-run or save the tape
     // (autodiff/rerun.hpp): its op (nullptr for a leaf) and the op's settings, its inputs, value
@@ -355,16 +239,7 @@ public:
     }
 
     // Nodes that use `leaf` as an input, with the slot: the branches of its gradient.
-    std::vector<Edge> consumers(const Var<T>& leaf) const {
-        check_var(leaf, "consumers");
-        std::vector<Edge> edges;
-        for (std::size_t i = leaf.index_ + 1; i < used_; ++i) {
-            for (std::uint32_t slot = 0; slot < nodes_[i].arity; ++slot) {
-                if (nodes_[i].inputs[slot] == leaf.index_) edges.push_back({static_cast<std::uint32_t>(i), slot});
-            }
-        }
-        return edges;
-    }
+    std::vector<Edge> consumers(const Var<T>& leaf) const;
 
 private:
     friend class Var<T>;
@@ -391,73 +266,23 @@ private:
         return node;
     }
 
-    [[noreturn]] static void throw_backward_done() {
-        throw usage_error(
-            "backward: this tape already holds gradients from an earlier backward; call zero_grad() first "
-            "(gradients would otherwise add up)");
-    }
+    [[noreturn]] static void throw_backward_done();
 
     // The reverse sweep from node `output`, whose gradient (the seed) has been written.
-    void sweep(std::size_t output) {
-        branches_.clear();
-        nodes_[output].has_grad = true;
-        // A value the output does not depend on has gradient zero: nodes after the output, and
-        // (found during the sweep, when all their consumers have been visited) nodes before it.
-        for (std::size_t i = output + 1; i < used_; ++i) zero_gradient_if_missing(nodes_[i]);
-        for (std::size_t i = output + 1; i-- > 0;) {
-            Node& node = nodes_[i];
-            if (!node.has_grad) {  // J does not depend on it: zero, and nothing to pass on
-                zero_gradient_if_missing(node);
-                continue;
-            }
-            if (node.kind != nullptr && node.requires_grad) pass_gradient(static_cast<std::uint32_t>(i));
-        }
-        backward_done_ = true;
-    }
+    void sweep(std::size_t output);
 
     // Node i's VJPs, one call for all its inputs, then one accumulate per input. An input's first
     // contribution is written straight into its own gradient buffer (kept across clear(), so a
     // reused tape allocates nothing); a later one, or a second slot fed by the same input, goes to
     // that slot's scratch tensor and is added.
-    void pass_gradient(std::uint32_t i) {
-        const Node& node = nodes_[i];
-        std::array<Tensor<T>*, max_arity> grads{};
-        bool any = false;
-        for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-            Node& input = nodes_[node.inputs[slot]];
-            if (!input.requires_grad) continue;  // nobody needs this VJP
-            bool first = !input.has_grad;
-            for (std::uint32_t earlier = 0; earlier < slot; ++earlier) {
-                first = first && node.inputs[earlier] != node.inputs[slot];
-            }
-            Tensor<T>& din = first ? input.grad : scratch_for(slot, input.value.shape());
-            din.resize(input.value.shape());
-            grads[slot] = &din;
-            any = true;
-        }
-        if (!any) return;
-        std::array<const Tensor<T>*, max_arity> values{};
-        gather_inputs(node, values);
-        const VjpArgs<T> at{Inputs<T>(values.data(), node.arity), node.value, node.saved, node.grad};
-        node.kind->vjp_all(node.settings, at, std::span<Tensor<T>* const>(grads.data(), node.arity));
-        for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
-            if (grads[slot] != nullptr) accumulate(node.inputs[slot], i, slot, *grads[slot]);
-        }
-    }
+    void pass_gradient(std::uint32_t i);
 
     // A scratch tensor for input `slot` of the node being differentiated, already of `shape`'s
     // element count when one of that count exists: growing a buffer zero-fills it, so each buffer
     // serves contributions of one size only (the same few sizes recur at every step). At most
     // `scratch_sizes_kept` sizes are kept per slot; past that the first buffer is resized, so a
     // tape fed ever-new shapes (sequences of every length) does not keep a buffer for each.
-    Tensor<T>& scratch_for(std::uint32_t slot, const Shape& shape) {
-        std::vector<Tensor<T>>& pool = scratch_[slot];
-        for (Tensor<T>& buffer : pool) {
-            if (buffer.size() == shape.size()) return buffer;
-        }
-        if (pool.size() < scratch_sizes_kept) return pool.emplace_back(shape);
-        return pool.front();
-    }
+    Tensor<T>& scratch_for(std::uint32_t slot, const Shape& shape);
 
     static void zero_gradient_if_missing(Node& node) {
         if (node.requires_grad && !node.has_grad) {
@@ -487,53 +312,18 @@ private:
     void check_var(const Var<T>& var, std::string_view where) const {
         if (!holds(var)) [[unlikely]] throw_foreign_var(var, where);
     }
-    [[noreturn]] void throw_foreign_var(const Var<T>& var, std::string_view where) const {
-        if (var.tape_ != this) {
-            throw usage_error(fmt::format("{}: the value belongs to {} tape", where,
-                                          var.tape_ == nullptr ? "no" : "another"));
-        }
-        throw usage_error(fmt::format("{}: the value belongs to a tape that has been cleared since", where));
-    }
+    [[noreturn]] void throw_foreign_var(const Var<T>& var, std::string_view where) const;
 
     const Tensor<T>& value_of(const Var<T>& var) const {
         check_var(var, "value");
         return nodes_[var.index_].value;
     }
-    const Tensor<T>& grad_of(const Var<T>& var) const {
-        check_var(var, "grad");
-        const Node& node = nodes_[var.index_];
-        if (!node.requires_grad) {
-            throw usage_error(fmt::format("grad: '{}' ({} {}) does not require a gradient",
-                                          node.label.empty() ? "value" : node.label,
-                                          node.kind ? node.kind->name : "leaf", node.value.shape().to_string()));
-        }
-        if (!node.has_grad) throw usage_error("grad: no gradient yet; call backward first");
-        return node.grad;
-    }
-    void set_label(const Var<T>& var, std::string_view label) {
-        check_var(var, "named");
-        nodes_[var.index_].label.assign(label);
-    }
+    const Tensor<T>& grad_of(const Var<T>& var) const;
+    void set_label(const Var<T>& var, std::string_view label);
 
     // The one place gradients meet: contributions add, so a value used by several ops (X feeding
     // Q, K and V) receives the sum of its branches.
-    void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution) {
-        Node& node = nodes_[target];
-        const std::string_view op = nodes_[consumer].kind->name;
-        if (!(contribution.shape() == node.value.shape())) {
-            throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
-                                    contribution.shape().to_string(), node.value.shape().to_string()));
-        }
-        check_no_nan(contribution, op, "the gradient of its input", static_cast<int>(slot));
-        if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, contribution});
-        if (!node.has_grad) {  // the contribution was written into node.grad itself
-            node.has_grad = true;
-            return;
-        }
-        const std::span<T> sum = node.grad.data();
-        const std::span<const T> part = contribution.data();
-        for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += part[k];
-    }
+    void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution);
 
     // `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
     // What a NaN message calls a leaf created without a label.
@@ -541,26 +331,7 @@ private:
     // Tensors up to this size are scanned for NaN inline, larger ones by the compiled kernel.
     static constexpr std::size_t inline_scan_size = 16;
 
-    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
-        const std::span<const T> data = tensor.data();
-        using Stored = typename StoredAs<T>::type;
-        if constexpr (has_compiled_kernels<Stored>) {
-            // The compiled scan (vectorised at the CPU's level), over the numbers the elements are
-            // stored as (a dual: its value and tangent, either NaN making it NaN); the index is
-            // looked for only once a NaN is known. A small tensor is scanned here: the call through
-            // the dispatch table would cost more than its few compares (a scalar node: 52 against
-            // 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
-            const Stored* numbers = reinterpret_cast<const Stored*>(data.data());
-            if (data.size() > inline_scan_size && !compiled::any_nan(numbers, data.size() * StoredAs<T>::count)) return;
-        }
-        for (std::size_t k = 0; k < data.size(); ++k) {
-            if (is_nan(data[k])) {
-                throw value_error(fmt::format("{}: NaN in {}{} at index {} (shape {})", op, what,
-                                              slot >= 0 ? fmt::format(" {}", slot) : std::string(),
-                                              index_string(tensor.shape(), k), tensor.shape().to_string()));
-            }
-        }
-    }
+    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1);
 
     static constexpr std::size_t initial_nodes = 32;
     static constexpr std::size_t scratch_sizes_kept = 8;
@@ -599,13 +370,7 @@ private:
         return ++counter;
     }
 
-    std::size_t held_bytes() const {
-        std::size_t elements = 0;
-        for (const Node& node : nodes_) elements += node.value.size() + node.saved.size() + node.grad.size();
-        for (const std::vector<Tensor<T>>& slot : scratch_)
-            for (const Tensor<T>& buffer : slot) elements += buffer.size();
-        return elements * sizeof(T);
-    }
+    std::size_t held_bytes() const;
 
     std::vector<Node> nodes_;
     std::size_t used_ = 0;
@@ -615,5 +380,310 @@ private:
     std::vector<Branch<T>> branches_;
     Scratch scratch_;
 };
+
+// The tape's larger members, defined out of the class so that the library compiles them once for
+// float, double and Dual<double> (ops/instances/<type>.cpp, declared extern below; mp50 and
+// Dual<mp50> in autodiff/mp50.hpp): a program recording on those tapes does not compile them again.
+
+template <Scalar T>
+Tape<T>::Tape() : generation_(next_generation()) {
+    Buffers& pool = NodePool::buffers();
+    if (!pool.nodes.empty()) {
+        nodes_ = std::move(pool.nodes);
+        scratch_ = std::move(pool.scratch);
+        pool = Buffers{};
+    } else {
+        nodes_.reserve(initial_nodes);
+    }
+}
+
+template <Scalar T>
+Tape<T>::~Tape() {
+    if (NodePool::closed() || held_bytes() > pooled_bytes_limit) return;
+    Buffers& pool = NodePool::buffers();
+    if (pool.nodes.empty()) pool = Buffers{std::move(nodes_), std::move(scratch_)};
+}
+
+template <Scalar T>
+Var<T> Tape<T>::leaf(const Tensor<T>& value, std::string_view label, bool requires_grad) {
+    check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
+    Node& node = append_leaf(label, requires_grad);
+    node.value = value;  // vector copy-assignment keeps the node's capacity
+    return handle(used_ - 1);
+}
+
+template <Scalar T>
+Var<T> Tape<T>::leaf(Tensor<T>&& value, std::string_view label, bool requires_grad) {
+    check_no_nan(value, "leaf", label.empty() ? unnamed_leaf : label);
+    Node& node = append_leaf(label, requires_grad);
+    node.value = std::move(value);
+    return handle(used_ - 1);
+}
+
+template <Scalar T>
+void Tape<T>::backward(const Var<T>& output) {
+    check_var(output, "backward");
+    const Tensor<T>& value = nodes_[output.index_].value;
+    if (value.size() != 1) {
+        throw usage_error(fmt::format(
+            "backward: output of shape {} is not a scalar; pass its upstream gradient G explicitly",
+            value.shape().to_string()));
+    }
+    if (backward_done_) throw_backward_done();
+    // Seeded in place: the node's gradient buffer is reused, no tensor is allocated.
+    Node& seed = nodes_[output.index_];
+    seed.grad.resize(value.shape());
+    seed.grad.fill(T(1));
+    sweep(output.index_);
+}
+
+template <Scalar T>
+void Tape<T>::backward(const Var<T>& output, const Tensor<T>& upstream) {
+    check_var(output, "backward");
+    Node& seed = nodes_[output.index_];
+    if (!(upstream.shape() == seed.value.shape())) {
+        throw shape_error(fmt::format("backward: upstream gradient of shape {} for an output of shape {}",
+                                      upstream.shape().to_string(), seed.value.shape().to_string()));
+    }
+    if (backward_done_) throw_backward_done();
+    check_no_nan(upstream, "backward", "the upstream gradient");
+    seed.grad = upstream;  // copy-assignment reuses the node's buffer
+    sweep(output.index_);
+}
+
+template <Scalar T>
+NodeInfo Tape<T>::info(std::size_t index) const {
+    if (index >= used_) {
+        throw usage_error(fmt::format("Tape::info: node {} does not exist (the tape holds {})", index, used_));
+    }
+    const Node& node = nodes_[index];
+    OpCost cost{};
+    if (node.kind != nullptr) {
+        std::array<const Tensor<T>*, max_arity> values{};
+        gather_inputs(node, values);
+        cost = node.kind->cost(node.settings, std::span(values.data(), node.arity));
+    }
+    const std::size_t bytes = (node.value.size() + node.saved.size() + (node.has_grad ? node.grad.size() : 0)) *
+                              sizeof(T);
+    return NodeInfo{node.kind ? node.kind->name : std::string_view("leaf"),
+                    node.label,
+                    node.value.shape(),
+                    std::span(node.inputs.data(), node.arity),
+                    node.requires_grad,
+                    cost,
+                    bytes};
+}
+
+template <Scalar T>
+std::vector<typename Tape<T>::Edge> Tape<T>::consumers(const Var<T>& leaf) const {
+    check_var(leaf, "consumers");
+    std::vector<Edge> edges;
+    for (std::size_t i = leaf.index_ + 1; i < used_; ++i) {
+        for (std::uint32_t slot = 0; slot < nodes_[i].arity; ++slot) {
+            if (nodes_[i].inputs[slot] == leaf.index_) edges.push_back({static_cast<std::uint32_t>(i), slot});
+        }
+    }
+    return edges;
+}
+
+template <Scalar T>
+void Tape<T>::sweep(std::size_t output) {
+    branches_.clear();
+    nodes_[output].has_grad = true;
+    // A value the output does not depend on has gradient zero: nodes after the output, and
+    // (found during the sweep, when all their consumers have been visited) nodes before it.
+    for (std::size_t i = output + 1; i < used_; ++i) zero_gradient_if_missing(nodes_[i]);
+    for (std::size_t i = output + 1; i-- > 0;) {
+        Node& node = nodes_[i];
+        if (!node.has_grad) {  // J does not depend on it: zero, and nothing to pass on
+            zero_gradient_if_missing(node);
+            continue;
+        }
+        if (node.kind != nullptr && node.requires_grad) pass_gradient(static_cast<std::uint32_t>(i));
+    }
+    backward_done_ = true;
+}
+
+template <Scalar T>
+void Tape<T>::pass_gradient(std::uint32_t i) {
+    const Node& node = nodes_[i];
+    std::array<Tensor<T>*, max_arity> grads{};
+    bool any = false;
+    for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+        Node& input = nodes_[node.inputs[slot]];
+        if (!input.requires_grad) continue;  // nobody needs this VJP
+        bool first = !input.has_grad;
+        for (std::uint32_t earlier = 0; earlier < slot; ++earlier) {
+            first = first && node.inputs[earlier] != node.inputs[slot];
+        }
+        Tensor<T>& din = first ? input.grad : scratch_for(slot, input.value.shape());
+        din.resize(input.value.shape());
+        grads[slot] = &din;
+        any = true;
+    }
+    if (!any) return;
+    std::array<const Tensor<T>*, max_arity> values{};
+    gather_inputs(node, values);
+    const VjpArgs<T> at{Inputs<T>(values.data(), node.arity), node.value, node.saved, node.grad};
+    node.kind->vjp_all(node.settings, at, std::span<Tensor<T>* const>(grads.data(), node.arity));
+    for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+        if (grads[slot] != nullptr) accumulate(node.inputs[slot], i, slot, *grads[slot]);
+    }
+}
+
+template <Scalar T>
+Tensor<T>& Tape<T>::scratch_for(std::uint32_t slot, const Shape& shape) {
+    std::vector<Tensor<T>>& pool = scratch_[slot];
+    for (Tensor<T>& buffer : pool) {
+        if (buffer.size() == shape.size()) return buffer;
+    }
+    if (pool.size() < scratch_sizes_kept) return pool.emplace_back(shape);
+    return pool.front();
+}
+
+template <Scalar T>
+void Tape<T>::throw_foreign_var(const Var<T>& var, std::string_view where) const {
+    if (var.tape_ != this) {
+        throw usage_error(fmt::format("{}: the value belongs to {} tape", where,
+                                      var.tape_ == nullptr ? "no" : "another"));
+    }
+    throw usage_error(fmt::format("{}: the value belongs to a tape that has been cleared since", where));
+}
+
+template <Scalar T>
+const Tensor<T>& Tape<T>::grad_of(const Var<T>& var) const {
+    check_var(var, "grad");
+    const Node& node = nodes_[var.index_];
+    if (!node.requires_grad) {
+        throw usage_error(fmt::format("grad: '{}' ({} {}) does not require a gradient",
+                                      node.label.empty() ? "value" : node.label,
+                                      node.kind ? node.kind->name : "leaf", node.value.shape().to_string()));
+    }
+    if (!node.has_grad) throw usage_error("grad: no gradient yet; call backward first");
+    return node.grad;
+}
+
+template <Scalar T>
+void Tape<T>::accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution) {
+    Node& node = nodes_[target];
+    const std::string_view op = nodes_[consumer].kind->name;
+    if (!(contribution.shape() == node.value.shape())) {
+        throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
+                                contribution.shape().to_string(), node.value.shape().to_string()));
+    }
+    check_no_nan(contribution, op, "the gradient of its input", static_cast<int>(slot));
+    if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, contribution});
+    if (!node.has_grad) {  // the contribution was written into node.grad itself
+        node.has_grad = true;
+        return;
+    }
+    const std::span<T> sum = node.grad.data();
+    const std::span<const T> part = contribution.data();
+    for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += part[k];
+}
+
+template <Scalar T>
+void Tape<T>::check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot) {
+    const std::span<const T> data = tensor.data();
+    using Stored = typename StoredAs<T>::type;
+    if constexpr (has_compiled_kernels<Stored>) {
+        // The compiled scan (vectorised at the CPU's level), over the numbers the elements are
+        // stored as (a dual: its value and tangent, either NaN making it NaN); the index is
+        // looked for only once a NaN is known. A small tensor is scanned here: the call through
+        // the dispatch table would cost more than its few compares (a scalar node: 52 against
+        // 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
+        const Stored* numbers = reinterpret_cast<const Stored*>(data.data());
+        if (data.size() > inline_scan_size && !compiled::any_nan(numbers, data.size() * StoredAs<T>::count)) return;
+    }
+    for (std::size_t k = 0; k < data.size(); ++k) {
+        if (is_nan(data[k])) {
+            throw value_error(fmt::format("{}: NaN in {}{} at index {} (shape {})", op, what,
+                                          slot >= 0 ? fmt::format(" {}", slot) : std::string(),
+                                          index_string(tensor.shape(), k), tensor.shape().to_string()));
+        }
+    }
+}
+
+template <Scalar T>
+std::size_t Tape<T>::held_bytes() const {
+    std::size_t elements = 0;
+    for (const Node& node : nodes_) elements += node.value.size() + node.saved.size() + node.grad.size();
+    for (const std::vector<Tensor<T>>& slot : scratch_)
+        for (const Tensor<T>& buffer : slot) elements += buffer.size();
+    return elements * sizeof(T);
+}
+
+template <Scalar T>
+void Tape<T>::throw_backward_done() {
+    throw usage_error(
+        "backward: this tape already holds gradients from an earlier backward; call zero_grad() first "
+        "(gradients would otherwise add up)");
+}
+
+template <Scalar T>
+const Tensor<T>& Tape<T>::replay(const Var<T>& output, std::span<const Replacement> replacements,
+                                  ReplayWorkspace<T>& work) const {
+    check_var(output, "replay");
+    std::size_t first = output.index_;
+    for (const Replacement& r : replacements) {
+        check_var(r.leaf, "replay");
+        const Shape& expected = nodes_[r.leaf.index_].value.shape();
+        if (!(r.value->shape() == expected)) {
+            throw shape_error(fmt::format("replay: replacement of shape {} for a leaf of shape {}",
+                                          r.value->shape().to_string(), expected.to_string()));
+        }
+        if (r.leaf.index_ == output.index_) return *r.value;
+        first = std::min<std::size_t>(first, r.leaf.index_);
+    }
+    if (work.values.size() < used_) {
+        work.values.resize(used_);
+        work.saved.resize(used_);
+    }
+    work.dirty.assign(used_, 0);
+    for (std::size_t i = first + 1; i <= output.index_; ++i) {
+        const Node& node = nodes_[i];
+        if (node.kind == nullptr) continue;
+        std::array<const Tensor<T>*, max_arity> values{};
+        std::array<const Tensor<T>*, max_arity> recorded{};
+        bool touched = false;
+        for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
+            const std::uint32_t source = node.inputs[slot];
+            recorded[slot] = &nodes_[source].value;
+            values[slot] = work.dirty[source] ? &work.values[source] : &nodes_[source].value;
+            touched = touched || work.dirty[source];
+            for (const Replacement& r : replacements) {
+                if (source == r.leaf.index_ && (!r.edge || (r.edge->consumer == i && r.edge->slot == slot))) {
+                    values[slot] = r.value;
+                    touched = true;
+                }
+            }
+        }
+        if (!touched) continue;
+        work.dirty[i] = 1;
+        // A perturbed coordinate usually changes few entries: let the op update its recorded
+        // output instead of recomputing it (the checker's 50-digit replays are most of its time).
+        if (node.kind->update != nullptr &&
+            node.kind->update(node.settings, std::span(recorded.data(), node.arity),
+                              std::span(values.data(), node.arity), node.value, work.values[i])) {
+            continue;
+        }
+        node.kind->forward(node.settings, std::span(values.data(), node.arity), work.values[i], work.saved[i]);
+    }
+    return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
+}
+
+// (Out of line also so that GCC 12 does not inline std::string::assign here, where it warns
+// -Wrestrict on libstdc++'s own code: GCC bug 105329.)
+template <Scalar T>
+void Tape<T>::set_label(const Var<T>& var, std::string_view label) {
+    check_var(var, "named");
+    nodes_[var.index_].label.assign(label);
+}
+
+#ifndef TAPEGRAD_INSTANTIATE_FOR
+extern template class Tape<float>;
+extern template class Tape<double>;
+extern template class Tape<Dual<double>>;
+#endif
 
 }  // namespace tapegrad

@@ -6,7 +6,7 @@
 #include "autodiff/error.hpp"
 #include "autodiff/scalar.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

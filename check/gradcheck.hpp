@@ -42,6 +42,7 @@
 // neither the threads nor the processes.
 #pragma once
 
+#include "autodiff/mp50.hpp"
 #include "autodiff/tape.hpp"
 #include "check/report.hpp"
 

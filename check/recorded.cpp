@@ -2,6 +2,7 @@
 // at double and at 50 digits (autodiff/rerun.hpp) becomes the two graph functions the checker's
 // stages take (detail::GraphOnTapes), and its leaves that need a gradient become the checked leaves.
 #include "check/recorded.hpp"
+#include "check/second_order.hpp"
 
 #include "autodiff/rerun.hpp"
 #include "check/gradcheck.hpp"
@@ -39,11 +40,53 @@ detail::GraphOn<U> rerun_on(const Tape<S>& tape, const Var<S>& output) {
     return [&tape, output](std::span<const Var<U>> in) { return rerun(tape, output, in); };
 }
 
+// The input tensors of a node of `tape`, as its op reads them.
+template <Scalar T>
+std::vector<const Tensor<T>*> inputs_of(const Tape<T>& tape, std::span<const std::uint32_t> inputs) {
+    std::vector<const Tensor<T>*> values;
+    for (const std::uint32_t k : inputs) values.push_back(&tape.recorded(k).value);
+    return values;
+}
+
+// The nodes whose re-run at 50 digits takes another data-dependent branch than the recording
+// (the ops' branch hooks, autodiff/op.hpp), each with its first such element: its first input
+// there where the input is shaped like the output (relu, abs, clamp), else its output (max).
+template <Scalar S>
+std::vector<BranchChange> branch_changes(const Tape<S>& tape, const Var<S>& output) {
+    Tape<mp50> precise;
+    std::vector<Var<mp50>> leaves, nodes;
+    for (const std::uint32_t i : gradient_leaves(tape, output)) {
+        leaves.push_back(precise.leaf(detail::tensor_as<mp50>(tape.recorded(i).value)));
+    }
+    (void)rerun(tape, output, std::span<const Var<mp50>>(leaves), &nodes);
+    std::vector<BranchChange> changes;
+    for (std::uint32_t i = 0; i <= output.index(); ++i) {
+        const auto node = tape.recorded(i);
+        if (node.kind == nullptr || node.kind->branch == nullptr) continue;
+        const auto again = precise.recorded(nodes[i].index());
+        const std::vector<const Tensor<S>*> in = inputs_of(tape, node.inputs);
+        const std::vector<const Tensor<mp50>*> in_precise = inputs_of(precise, again.inputs);
+        const bool elementwise = in[0]->shape() == node.value.shape();
+        BranchChange change{i, std::string(node.kind->name), std::string(node.label), 0, node.value.size(), "", 0, 0};
+        for (std::size_t k = 0; k < node.value.size(); ++k) {
+            if (node.kind->branch(node.settings, in, k) == again.kind->branch(again.settings, in_precise, k)) continue;
+            if (change.elements++ > 0) continue;
+            change.first = index_string(node.value.shape(), k);
+            change.recorded = to_double(elementwise ? (*in[0])[k] : node.value[k]);
+            change.precise = to_double(elementwise ? (*in_precise[0])[k] : again.value[k]);
+        }
+        if (change.elements > 0) changes.push_back(std::move(change));
+    }
+    return changes;
+}
+
 template <Scalar S>
 CheckReport check_on_tapes(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options, detail::WorkSplit* split) {
     const std::vector<NamedTensor> leaves = checked_leaves(tape, J, "check_gradients");
     const detail::GraphOnTapes graph{rerun_on<double>(tape, J), rerun_on<mp50>(tape, J)};
-    return detail::run_check(graph, leaves, options, nullptr, split);
+    CheckReport report = detail::run_check(graph, leaves, options, nullptr, split);
+    report.branch_changes = branch_changes(tape, J);
+    return report;
 }
 
 template <Scalar S>

@@ -14,12 +14,12 @@
 // and at 50 digits. Compiled in the library: a program calling it compiles nothing of the checker
 // and nothing at 50 digits. Every op on the tape needs its siblings (the library's ops have theirs;
 // a user's op registers them, autodiff/rerun.hpp); the generic-lambda check stays for graphs whose
-// constants should be computed at 50 digits and for ops without siblings.
+// constants should be computed at 50 digits and for ops without siblings. This header includes
+// neither Boost.Multiprecision nor the checker's templates (tapegrad_record.hpp is its umbrella).
 #pragma once
 
 #include "autodiff/tape.hpp"
 #include "check/report.hpp"
-#include "check/second_order.hpp"
 
 namespace tapegrad {
 

@@ -2,16 +2,17 @@
 // thresholds and why they are what they are), and CheckReport with its mismatches, coordinates
 // at kinks, branch verdicts, consistency failures and the one-paragraph summary() that tools and
 // tests print.
-// The checking itself is in check/gradcheck.hpp.
+// The checking itself is in check/gradcheck.hpp; the second-order checks' SecondOrderReport is here
+// too, so that check/recorded.hpp needs nothing of the checker's templates.
 #pragma once
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <ostream>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,8 +120,10 @@ constexpr std::string_view to_string(CheckMode mode) {
 }
 
 // Streamed as their report words, so test frameworks and logs can print them.
-inline std::ostream& operator<<(std::ostream& out, Source source) { return out << to_string(source); }
-inline std::ostream& operator<<(std::ostream& out, CheckMode mode) { return out << to_string(mode); }
+// For Boost.Test's messages (compiled in the library, check/report.cpp, so that this header
+// needs only <iosfwd>).
+std::ostream& operator<<(std::ostream& out, Source source);
+std::ostream& operator<<(std::ostream& out, CheckMode mode);
 
 // One coordinate (or one direction) whose analytic and numeric derivatives disagree.
 struct Mismatch {
@@ -157,6 +160,21 @@ struct BranchReport {
     std::size_t kinks = 0;  // coordinates of this branch at kinks (not failures)
 };
 
+// A node of a recorded tape whose re-run at 50 digits takes another data-dependent branch than the
+// recording took (check/recorded.hpp): a relu or abs input of another sign, another region of a
+// clamp, another argmax of a max. The gradients there are of different functions, so a check that
+// fails at such a node says why; one that passes says it anyway.
+struct BranchChange {
+    std::size_t node = 0;
+    std::string op;        // "relu"
+    std::string label;     // the node's label ("" when unnamed)
+    std::size_t elements = 0;  // output elements that took another branch
+    std::size_t of = 0;        // of the node's output elements
+    std::string first;         // the first of them, "(0, 2)"
+    double recorded = 0;       // its input (relu, abs, clamp) or its maximum (max), as recorded
+    double precise = 0;        // the same at 50 digits
+};
+
 struct CheckReport {
     bool passed = true;
     CheckMode mode = CheckMode::full;
@@ -171,6 +189,7 @@ struct CheckReport {
     std::vector<Kink> first_kinks;  // the first max_reported kinks, whole gradients before branches
     std::vector<BranchReport> branches;
     std::vector<std::string> consistency_failures;
+    std::vector<BranchChange> branch_changes;  // a recorded tape's nodes (check/recorded.hpp)
     double seconds = 0;
 
     // The wrong branches, by consumer name.
@@ -182,43 +201,43 @@ struct CheckReport {
     }
 
     // Without kinks, the text is exactly what it was before kinks were classified (tools and
-    // tests read it); kinks add a clause to the first line and a line each.
-    std::string summary() const {
-        std::string text = fmt::format(
-            "gradcheck {} ({} mode, seed {}): {} of {} derivatives exceed the thresholds; "
-            "max error double tape vs 50-digit differences {:.3g}, 50-digit tape vs 50-digit differences {:.3g}, "
-            "step agreement {:.3g}; {}{:.3f} s",
-            passed ? "passed" : "FAILED", to_string(mode), seed, failures, coordinates, max_error_double,
-            max_error_mp, max_step_disagreement, kinks_clause(kinks, "; "), seconds);
-        for (const Mismatch& m : worst) {
-            text += fmt::format(
-                "\n  leaf {} index {}{}: analytic ({}) = {:.17g}, numeric (50-digit {} difference, h={:g}) = "
-                "{:.17g}, abs error {:.3g}, rel error {:.3g} > threshold {:.0e}",
-                m.leaf, m.index, m.branch.empty() ? "" : " branch " + m.branch, to_string(m.source), m.analytic,
-                m.source == Source::mp_tape_at_kink ? "nearer one-sided" : "central", m.step, m.numeric,
-                m.abs_error, m.rel_error, m.threshold);
-        }
-        for (const Kink& k : first_kinks) {
-            text += fmt::format(
-                "\n  leaf {} index {}{}: at a kink: left derivative {:.17g}, right derivative {:.17g}, "
-                "analytic {:.17g} (neither pass nor failure)",
-                k.leaf, k.index, k.branch.empty() ? "" : " branch " + k.branch, k.left, k.right, k.analytic);
-        }
-        for (const BranchReport& b : branches) {
-            text += fmt::format("\n  branch {} via {}: max error {:.3g}{}{}", b.leaf, b.consumer, b.max_error_mp,
-                                b.failures ? fmt::format(" ({} coordinates wrong)", b.failures) : "",
-                                b.kinks ? " (" + kinks_clause(b.kinks, "") + ")" : "");
-        }
-        for (const std::string& c : consistency_failures) text += "\n  consistency: " + c;
-        return text;
-    }
-
-private:
-    // "2 coordinates at kinks" followed by `then`; nothing at all for none.
-    static std::string kinks_clause(std::size_t count, std::string_view then) {
-        if (count == 0) return "";
-        return fmt::format("{} {}{}", count, count == 1 ? "coordinate at a kink" : "coordinates at kinks", then);
-    }
+    // tests read it); kinks add a clause to the first line and a line each. Compiled in the
+    // library (check/report.cpp).
+    std::string summary() const;
 };
+
+// The second-order checks' report (check/second_order.hpp): one derivative whose analytic and
+// numeric values disagree.
+struct SecondOrderMismatch {
+    std::string where;     // "direction 1, output Y index (0, 2)", "direction 1, leaf W index (1, 0)"
+    std::string analytic_label;  // "JVP, 50-digit dual tape"
+    std::string numeric_label;   // "50-digit central difference of Y along t, h=1e-14"
+    double analytic = 0;
+    double numeric = 0;
+    double rel_error = 0;  // |a − n| / max(1, |n|)
+    double threshold = 0;
+};
+
+struct SecondOrderReport {
+    std::string check;  // "jvp" or "hvp"
+    bool passed = true;
+    std::uint64_t seed = 0;
+    std::size_t directions = 0;
+    std::size_t compared = 0;  // derivatives compared (entries of J·t or H·v, per direction and precision)
+    std::size_t failures = 0;
+    double max_error_mp = 0;      // 50-digit dual tape vs 50-digit differences
+    double max_error_double = 0;  // double dual tape vs 50-digit differences (0 when not run)
+    double max_step_disagreement = 0;
+    double max_transpose_error = 0;  // ⟨u, J·t⟩ vs ⟨Jᵀ·u, t⟩ (jvp only)
+    std::vector<SecondOrderMismatch> worst;
+    double seconds = 0;
+
+    std::string summary() const;
+};
+
+// Which dual tapes a check compares with the differences: the 50-digit one always; the double one
+// too unless told otherwise (the op tables skip it: each precision instantiates every op of the
+// graph once more, and the compile time of the tables is what that costs).
+enum class DualTapes { mp_and_double, mp_only };
 
 }  // namespace tapegrad

@@ -22,7 +22,8 @@
 // A second-order error (a saved value not differentiated through, a wrong tangent rule) misses by
 // the size of the dropped term, O(1) here. Points at kinks are not second-order checked: check ops
 // on inputs away from them, as for the gradient.
-// Like the gradient checker, the checks are compiled once, in the library (check/second_order.cpp).
+// Like the gradient checker, the checks are compiled once, in the library (check/second_order.cpp);
+// their report (SecondOrderReport) is in check/report.hpp.
 #pragma once
 
 #include "autodiff/forward_mode.hpp"
@@ -35,39 +36,6 @@
 #include <vector>
 
 namespace tapegrad {
-
-// One derivative whose analytic and numeric values disagree.
-struct SecondOrderMismatch {
-    std::string where;     // "direction 1, output Y index (0, 2)", "direction 1, leaf W index (1, 0)"
-    std::string analytic_label;  // "JVP, 50-digit dual tape"
-    std::string numeric_label;   // "50-digit central difference of Y along t, h=1e-14"
-    double analytic = 0;
-    double numeric = 0;
-    double rel_error = 0;  // |a − n| / max(1, |n|)
-    double threshold = 0;
-};
-
-struct SecondOrderReport {
-    std::string check;  // "jvp" or "hvp"
-    bool passed = true;
-    std::uint64_t seed = 0;
-    std::size_t directions = 0;
-    std::size_t compared = 0;  // derivatives compared (entries of J·t or H·v, per direction and precision)
-    std::size_t failures = 0;
-    double max_error_mp = 0;      // 50-digit dual tape vs 50-digit differences
-    double max_error_double = 0;  // double dual tape vs 50-digit differences (0 when not run)
-    double max_step_disagreement = 0;
-    double max_transpose_error = 0;  // ⟨u, J·t⟩ vs ⟨Jᵀ·u, t⟩ (jvp only)
-    std::vector<SecondOrderMismatch> worst;
-    double seconds = 0;
-
-    std::string summary() const;
-};
-
-// Which dual tapes a check compares with the differences: the 50-digit one always; the double one
-// too unless told otherwise (the op tables skip it: each precision instantiates every op of the
-// graph once more, and the compile time of the tables is what that costs).
-enum class DualTapes { mp_and_double, mp_only };
 
 namespace detail {
 

@@ -1,8 +1,8 @@
 // The README's short program: build single-head attention on a tape, run backward from the
 // probe J = Σ O ∘ G, read the gradients, and check the tape it ran against 50-digit differences.
-#include "tapegrad.hpp"
+#include "tapegrad_record.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 int main() {
     using namespace tapegrad;

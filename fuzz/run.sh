@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Fuzzes the .npy reader with libFuzzer (+ ASan/UBSan) for the given number of seconds (default 60),
-# starting from the seed files in fuzz/corpus; new inputs it finds go to <build>/fuzz-corpus, and a
-# crashing input to <build>/crash-*. Fails (exit 1) on a crash, a leak or a sanitizer report.
+# Fuzzes the readers of files with libFuzzer (+ ASan/UBSan) for the given number of seconds each
+# (default 60): the .npy reader from the seed files in fuzz/corpus, the saved-tape loader from those
+# in fuzz/tape_corpus (valid tapes) and tests/data/tape_files (the valid spec tape and the malformed
+# corpus); new inputs each finds go to <build>/fuzz-corpus-<target>, and a crashing input to
+# <build>/crash-*. Fails (exit 1) on a crash, a leak or a sanitizer report.
 # Needs clang++ with libFuzzer (Debian: clang-14 libclang-rt-14-dev).
 #   fuzz/run.sh [seconds]               configures and builds build-fuzz (the library and the target)
 #   fuzz/run.sh seconds BUILD_DIR       uses a tree already configured with Clang and
@@ -17,7 +19,14 @@ if [ -z "$build" ]; then
   cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_BUILD_FUZZ=ON \
     -DTAPEGRAD_BUILD_TESTS=OFF -DTAPEGRAD_BUILD_EXAMPLES=OFF -DTAPEGRAD_BUILD_TOOLS=OFF >/dev/null
 fi
-cmake --build "$build" --target fuzz_npy -j"$(nproc)"
-mkdir -p "$build/fuzz-corpus"
-"$build/fuzz/fuzz_npy" -max_total_time="$seconds" -max_len=4096 -rss_limit_mb=2048 -print_final_stats=1 \
-  -artifact_prefix="$build/" "$build/fuzz-corpus" fuzz/corpus
+cmake --build "$build" --target fuzz_npy fuzz_tape_file -j"$(nproc)"
+run() {  # run TARGET MAX_LEN SEED_DIR...
+  local target="$1" max_len="$2"
+  shift 2
+  mkdir -p "$build/fuzz-corpus-$target"
+  "$build/fuzz/$target" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="$build/" "$build/fuzz-corpus-$target" "$@"
+}
+run fuzz_npy 4096 fuzz/corpus
+# Saved tapes are text: a longer limit, so the seed tapes (a few kB) fit whole.
+run fuzz_tape_file 16384 fuzz/tape_corpus tests/data/tape_files

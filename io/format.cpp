@@ -1,5 +1,6 @@
 // Tensor formatting (io/format.hpp) compiled once for float, double and mp50: a program printing
 // a tensor of one of these types calls these instead of compiling fmt's formatting code again.
+#include "autodiff/mp50.hpp"
 #include "io/format.hpp"
 
 namespace tapegrad {

@@ -8,10 +8,9 @@
 
 #include "autodiff/tensor.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
-#include <ios>
 #include <limits>
 #include <string>
 
@@ -24,7 +23,7 @@ std::string format_scalar(const T& x, int precision = 0) {
     if constexpr (std::floating_point<T>) {
         return precision > 0 ? fmt::format("{:.{}g}", x, precision) : fmt::format("{}", x);
     } else {
-        return x.str(precision > 0 ? precision : std::numeric_limits<T>::max_digits10, std::ios_base::fmtflags{});
+        return x.str(precision > 0 ? precision : std::numeric_limits<T>::max_digits10);  // default flags
     }
 }
 
@@ -60,11 +59,11 @@ std::string tensor_text_of(const Tensor<T>& tensor, int precision) {
 }  // namespace detail
 
 // A tensor as nested rows, each value as format_scalar writes it with `precision`. Compiled once,
-// in the library (io/format.cpp), for float, double and mp50: fmt's formatting code costs a
-// program that prints a tensor seconds of compile time otherwise. Other types use the template.
+// in the library (io/format.cpp), for float, double and mp50 (declared in autodiff/mp50.hpp): fmt's
+// formatting code costs a program that prints a tensor seconds of compile time otherwise. Other
+// types use the template.
 std::string tensor_text(const Tensor<float>& tensor, int precision = 0);
 std::string tensor_text(const Tensor<double>& tensor, int precision = 0);
-std::string tensor_text(const Tensor<mp50>& tensor, int precision = 0);
 
 template <Scalar T>
 std::string tensor_text(const Tensor<T>& tensor, int precision = 0) {
@@ -73,10 +72,18 @@ std::string tensor_text(const Tensor<T>& tensor, int precision = 0) {
 
 }  // namespace tapegrad
 
+// (The formatters use fmt/core.h only, so that a program printing tensors need not compile
+// fmt/format.h; a bad format spec raises fmt::format_error through fmt's own thrower.)
 template <>
-struct fmt::formatter<tapegrad::Shape> : fmt::formatter<std::string> {
+struct fmt::formatter<tapegrad::Shape> {
+    constexpr auto parse(format_parse_context& context) {
+        auto it = context.begin();
+        if (it != context.end() && *it != '}') fmt::detail::throw_format_error("shape format: expected nothing");
+        return it;
+    }
     auto format(const tapegrad::Shape& shape, format_context& context) const {
-        return fmt::formatter<std::string>::format(shape.to_string(), context);
+        const std::string text = shape.to_string();
+        return std::copy(text.begin(), text.end(), context.out());
     }
 };
 
@@ -93,11 +100,11 @@ struct fmt::formatter<tapegrad::Tensor<T>> {
             while (it != context.end() && *it >= '0' && *it <= '9') {
                 digits = digits * 10 + (*it++ - '0');
                 // More digits than any supported type holds is a typo; also keeps `digits` from overflowing.
-                if (digits > max_precision) throw fmt::format_error("tensor format: precision above 1000");
+                if (digits > max_precision) fmt::detail::throw_format_error("tensor format: precision above 1000");
             }
             precision = digits;
         }
-        if (it != context.end() && *it != '}') throw fmt::format_error("tensor format: expected '.N' or nothing");
+        if (it != context.end() && *it != '}') fmt::detail::throw_format_error("tensor format: expected '.N' or nothing");
         return it;
     }
 

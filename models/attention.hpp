@@ -28,7 +28,7 @@
 #include "ops/softmax.hpp"
 #include "ops/transpose.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <functional>

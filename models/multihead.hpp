@@ -19,7 +19,7 @@
 #include "ops/merge_heads.hpp"
 #include "ops/split_heads.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <optional>
 #include <vector>

@@ -18,7 +18,7 @@
 #include "autodiff/error.hpp"
 #include "autodiff/tensor.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cmath>
 #include <numbers>

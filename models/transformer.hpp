@@ -35,7 +35,7 @@
 #include "ops/matmul.hpp"
 #include "ops/transpose.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cmath>
 #include <cstdint>

@@ -12,7 +12,7 @@
 #include "ops/add.hpp"
 #include "ops/checks.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 namespace tapegrad {
 

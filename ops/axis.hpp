@@ -9,7 +9,7 @@
 #include "autodiff/tensor.hpp"
 #include "ops/checks.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

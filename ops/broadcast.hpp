@@ -19,7 +19,7 @@
 #include "autodiff/op.hpp"
 #include "autodiff/tensor.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

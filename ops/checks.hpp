@@ -6,7 +6,7 @@
 #include "autodiff/error.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <string_view>
 

@@ -46,6 +46,13 @@ struct Clamp {
         const Tensor<T>& A = *at.in[0];
         for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = s.lo <= A[k] && A[k] <= s.hi ? at.G[k] : T(0);
     }
+
+    // The branch element k took (autodiff/op.hpp): below lo, at lo, between, at hi, above hi.
+    template <Scalar T>
+    static std::uint32_t branch(const Settings<T>& s, Inputs<T> in, std::size_t k) {
+        const T& a = (*in[0])[k];
+        return a < s.lo ? 0u : a == s.lo ? 1u : a < s.hi ? 2u : a == s.hi ? 3u : 4u;
+    }
 };
 
 // The bounds are not deduced, so clamp(X, -1, 1) works on any tape.

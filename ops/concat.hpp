@@ -22,7 +22,7 @@
 #include "ops/axis.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

@@ -16,7 +16,7 @@
 #include "ops/log_softmax.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstdint>
 #include <limits>

@@ -13,7 +13,7 @@
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstdint>
 #include <random>
@@ -75,11 +75,16 @@ inline Tensor<double> draw_keep_mask(const Shape& shape, double p, std::mt19937_
     return keep;
 }
 
-// Dropout with an explicit keep-mask (a constant on the tape, values 0 or 1) and its p.
+// Dropout of X with the keep-mask `keep` (values 0 or 1, X's shape) and the factor 1/(1−p) given as
+// recorded: the checks and the record shared by dropout_with_mask and a loaded tape (io/tape_file.hpp,
+// which holds the factor, not p). value_error for a factor below 1 or not finite.
 template <Scalar T>
-Var<T> dropout_with_mask(const Var<T>& X, const Var<T>& keep, double p) {
+Var<T> record_dropout(const Var<T>& X, const Var<T>& keep, const T& factor) {
     checks::same_shape(Dropout::name, X, keep);
-    check_dropout_probability("dropout", p);
+    if (!(factor >= T(1)) || !is_finite(factor)) {
+        throw value_error(fmt::format("dropout: factor 1/(1 - p) = {} is not a finite number of at least 1",
+                                      to_double(factor)));
+    }
     for (std::size_t k = 0; k < keep.shape().size(); ++k) {
         const T& m = keep.value()[k];
         if (m != T(0) && m != T(1)) {
@@ -87,7 +92,14 @@ Var<T> dropout_with_mask(const Var<T>& X, const Var<T>& keep, double p) {
                                           to_double(m), index_string(keep.shape(), k)));
         }
     }
-    return X.tape().template record<Dropout>({X, keep}, Dropout::Settings<T>{T(1) / (T(1) - T(p))});
+    return X.tape().template record<Dropout>({X, keep}, Dropout::Settings<T>{factor});
+}
+
+// Dropout with an explicit keep-mask (a constant on the tape, values 0 or 1) and its p.
+template <Scalar T>
+Var<T> dropout_with_mask(const Var<T>& X, const Var<T>& keep, double p) {
+    check_dropout_probability("dropout", p);
+    return record_dropout(X, keep, T(T(1) / (T(1) - T(p))));
 }
 
 // Dropout whose keep-mask is drawn now from `generator` (advancing it). p = 0 keeps everything

@@ -14,7 +14,7 @@
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <cstdint>
 #include <span>

@@ -45,7 +45,7 @@
 #include "ops/checks.hpp"
 #include "ops/fast/fused_attention_rows.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <atomic>

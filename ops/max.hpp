@@ -58,6 +58,20 @@ struct Max {
             dX[first + j * lanes.stride()] = at.G[lane];
         }
     }
+
+    // The branch output element (lane) k took (autodiff/op.hpp): the index along the axis of the
+    // first maximal element, the one the VJP routes G to.
+    template <Scalar T>
+    static std::uint32_t branch(const Settings& s, Inputs<T> in, std::size_t k) {
+        const Tensor<T>& X = *in[0];
+        const axes::View lanes = axes::around(X.shape(), s.axis);
+        const std::size_t first = lanes.first(k);
+        std::size_t argmax = 0;
+        for (std::size_t j = 1; j < lanes.dim; ++j) {
+            if (X[first + j * lanes.stride()] > X[first + argmax * lanes.stride()]) argmax = j;
+        }
+        return static_cast<std::uint32_t>(argmax);
+    }
 };
 
 // The largest element along `axis` (in [−rank, rank)); keepdims keeps the axis as a dimension of

@@ -26,7 +26,7 @@
 #include "ops/sub.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <concepts>
 #include <string_view>

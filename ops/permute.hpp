@@ -14,13 +14,13 @@
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
-#include <fmt/ranges.h>
+#include <fmt/core.h>
 
 #include <array>
 #include <cstddef>
 #include <initializer_list>
 #include <span>
+#include <string>
 
 namespace tapegrad {
 
@@ -87,6 +87,13 @@ struct Permute {
     }
 };
 
+// "1, 0, 2", for messages.
+inline std::string axes_text(std::span<const std::size_t> axes) {
+    std::string text;
+    for (std::size_t k = 0; k < axes.size(); ++k) text += (k ? ", " : "") + std::to_string(axes[k]);
+    return text;
+}
+
 // X with its axes reordered: output axis k is X's axis axes[k]. shape_error when the number of
 // axes is not X's rank; value_error when `axes` is not a permutation of 0..rank−1.
 template <Scalar T>
@@ -95,14 +102,14 @@ Var<T> permute(const Var<T>& X, std::span<const std::size_t> axes) {
     const Shape& x = X.shape();
     if (axes.size() != x.rank()) {
         throw shape_error(fmt::format("permute: axes ({}) name {} axes but X has shape {} (rank {})",
-                                      fmt::join(axes, ", "), axes.size(), x.to_string(), x.rank()));
+                                      axes_text(axes), axes.size(), x.to_string(), x.rank()));
     }
     Permute::Settings s{{}, x.rank()};
     std::array<bool, max_rank> seen{};
     for (std::size_t k = 0; k < axes.size(); ++k) {
         if (axes[k] >= x.rank() || seen[axes[k]]) {
             throw value_error(fmt::format("permute: axes ({}) are not a permutation of 0..{} for X of shape {}",
-                                          fmt::join(axes, ", "), x.rank() - 1, x.to_string()));
+                                          axes_text(axes), x.rank() - 1, x.to_string()));
         }
         seen[axes[k]] = true;
         s.axes[k] = axes[k];

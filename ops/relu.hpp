@@ -29,6 +29,12 @@ struct Relu {
         const Tensor<T>& A = *at.in[0];
         for (std::size_t k = 0; k < A.size(); ++k) dA[k] = A[k] > T(0) ? at.G[k] : T(0);
     }
+
+    // The branch element k took: A below, at or above 0 (autodiff/op.hpp).
+    template <Scalar T>
+    static std::uint32_t branch(const Settings&, Inputs<T> in, std::size_t k) {
+        return sign_class((*in[0])[k]);
+    }
 };
 
 template <Scalar T>

@@ -15,7 +15,7 @@
 #include "ops/checks.hpp"
 #include "autodiff/tape.hpp"
 
-#include <fmt/format.h>
+#include <fmt/core.h>
 
 #include <algorithm>
 #include <array>

@@ -269,4 +269,61 @@ inline void check_op_table(const std::vector<OpCase>& table, std::uint64_t seed,
     }
 }
 
+// Every op struct of the library on one tape (inputs away from every kink, seeded), J its scalar
+// output: what the re-run (test_rerun) and the saved tapes (test_tape_file) are proven on. Its op
+// names are library_op_names(), the library's op list (ops/instances/siblings.cpp, io/tape_file.cpp).
+inline Var<double> every_op_graph(Tape<double>& tape, std::uint64_t seed = 17) {
+    std::mt19937_64 rng(seed);
+    const auto positive = [&](const Shape& shape) {  // in [0.2, 1.2): away from 0, the kinks and the clamp bounds
+        Tensor<double> t = random_tensor(shape, rng, 0.5);
+        for (double& x : t.data()) x += 0.7;
+        return t;
+    };
+    const Var<double> X = tape.leaf(positive({2, 4}), "X"), Y = tape.leaf(positive({2, 4}), "Y");
+    const Var<double> W = tape.leaf(random_tensor({4, 4}, rng), "W"), E = tape.leaf(random_tensor({5, 4}, rng), "E");
+    const Var<double> gain = tape.leaf(positive({4}), "gain"), bias = tape.leaf(random_tensor({4}, rng), "bias");
+    const Var<double> keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}, {0, 1, 1, 1}, {1, 1, 1, 0}}));
+    const Var<double> visible = tape.constant(Tensor<double>::matrix({{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1}}));
+    const std::vector<std::size_t> rows{4, 0, 2, 1}, targets{1, 3, 0, 2};
+
+    const Var<double> a = clamp(add(abs(X), Y), -5.0, 5.0);                                  // abs add clamp
+    const Var<double> b = concat({a, mul(X, sigmoid(Y))}, 0);                                 // concat mul sigmoid
+    const Var<double> c = div(b, shift(exp(scale(b, 0.1)), 1.0));                            // div shift exp scale
+    const Var<double> d = layer_norm(gelu(dropout_with_mask(c, keep, 0.5)), gain, bias);     // dropout gelu layer_norm
+    const Var<double> e = log_softmax(matmul(d, W));                                          // log_softmax matmul
+    const Var<double> f = softmax(mask(e, visible));                                          // softmax mask
+    const Var<double> g = add(embedding(E, rows), transpose(f));                             // embedding transpose
+    const Var<double> h = merge_heads(permute(permute(split_heads(g, 2), {1, 0, 2}), {1, 0, 2}));  // split permute merge
+    const Var<double> q = fused_attention(h, h, tanh(h), true, 0);                            // fused_attention tanh
+    const Var<double> r = reshape(slice(q, 0, 1, 3), Shape{4, 2});                            // slice reshape
+    const Var<double> s = sqrt(pow(relu(neg(sub(r, shift(scale(r, 2.0), 5.0)))), 2.5));     // sqrt pow relu neg sub (relu of r + 5)
+    const Var<double> t = add(reciprocal(s), log(shift(r, 3.0)));                             // reciprocal log
+    return add(add(sum(logsumexp(t, 1)), sum(max(t, 0))),                                    // sum logsumexp max
+               add(sum(mean(t, 1, true)), add(sum(sum(t, 0)), cross_entropy(e, targets))));  // mean sum_axis cross_entropy
+}
+
+// A one-block transformer (width 8, 2 heads, context 4, 6 symbols) with seeded parameters and one
+// sequence: what the re-run and saved-tape tests record by ordinary code.
+struct SmallTransformer {
+    TransformerConfig config = [] {
+        TransformerConfig c;
+        c.layers = 1, c.width = 8, c.heads = 2, c.context = 4, c.vocabulary = 6;
+        return c;
+    }();
+    std::vector<Tensor<double>> values = [this] {
+        std::mt19937_64 rng(7);
+        std::vector<Tensor<double>> v;
+        for (const Shape& shape : parameter_shapes(config)) v.push_back(random_tensor(shape, rng, 0.5));
+        return v;
+    }();
+    std::vector<std::size_t> tokens{1, 4, 0, 5}, targets{4, 0, 5, 2};
+};
+
+inline std::set<std::string> library_op_names() {
+    return {"leaf", "abs", "add", "clamp", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
+            "fused_attention", "gelu", "layer_norm", "log", "log_softmax", "logsumexp", "mask", "matmul", "max", "mean",
+            "merge_heads", "mul", "neg", "permute", "pow", "reciprocal", "relu", "reshape", "scale", "shift", "sigmoid",
+            "slice", "softmax", "split_heads", "sqrt", "sub", "sum", "sum_axis", "tanh", "transpose"};
+}
+
 }  // namespace tapegrad::testing

@@ -155,12 +155,10 @@ BOOST_AUTO_TEST_CASE(a_multihead_layer_recorded_by_ordinary_code_checks_like_the
 }
 
 BOOST_AUTO_TEST_CASE(a_transformer_recorded_by_ordinary_code_checks_like_the_generic_lambda) {
-    TransformerConfig c;
-    c.layers = 1, c.width = 8, c.heads = 2, c.context = 4, c.vocabulary = 6;
-    std::mt19937_64 rng(7);
-    std::vector<Tensor<double>> values;
-    for (const Shape& shape : parameter_shapes(c)) values.push_back(random_tensor(shape, rng, 0.5));
-    const std::vector<std::size_t> tokens{1, 4, 0, 5}, targets{4, 0, 5, 2};
+    const testing::SmallTransformer small;
+    const TransformerConfig& c = small.config;
+    const std::vector<Tensor<double>>& values = small.values;
+    const std::vector<std::size_t>&tokens = small.tokens, &targets = small.targets;
     const auto graph = [&](auto& in) {
         using T = scalar_of<decltype(in[0])>;
         const auto vars = TransformerVars<T>::from(std::span<const Var<T>>(in.data(), in.size()), c);
@@ -240,43 +238,11 @@ BOOST_AUTO_TEST_CASE(an_op_without_siblings_is_refused_by_name) {
 // gradients pass the fast check as recorded. The list of op names below is the library's op list
 // (ops/instances/siblings.cpp); an op missing from the graph or from the registry fails here.
 BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
-    std::mt19937_64 rng(17);
-    const auto positive = [&](const Shape& shape) {  // in [0.2, 1.2): away from 0, the kinks and the clamp bounds
-        Tensor<double> t = random_tensor(shape, rng, 0.5);
-        for (double& x : t.data()) x += 0.7;
-        return t;
-    };
     Tape<double> tape;
-    const Var<double> X = tape.leaf(positive({2, 4}), "X"), Y = tape.leaf(positive({2, 4}), "Y");
-    const Var<double> W = tape.leaf(random_tensor({4, 4}, rng), "W"), E = tape.leaf(random_tensor({5, 4}, rng), "E");
-    const Var<double> gain = tape.leaf(positive({4}), "gain"), bias = tape.leaf(random_tensor({4}, rng), "bias");
-    const Var<double> keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}, {0, 1, 1, 1}, {1, 1, 1, 0}}));
-    const Var<double> visible = tape.constant(Tensor<double>::matrix({{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1}}));
-    const std::vector<std::size_t> rows{4, 0, 2, 1}, targets{1, 3, 0, 2};
-
-    const Var<double> a = clamp(add(abs(X), Y), -5.0, 5.0);                                  // abs add clamp
-    const Var<double> b = concat({a, mul(X, sigmoid(Y))}, 0);                                 // concat mul sigmoid
-    const Var<double> c = div(b, shift(exp(scale(b, 0.1)), 1.0));                            // div shift exp scale
-    const Var<double> d = layer_norm(gelu(dropout_with_mask(c, keep, 0.5)), gain, bias);     // dropout gelu layer_norm
-    const Var<double> e = log_softmax(matmul(d, W));                                          // log_softmax matmul
-    const Var<double> f = softmax(mask(e, visible));                                          // softmax mask
-    const Var<double> g = add(embedding(E, rows), transpose(f));                             // embedding transpose
-    const Var<double> h = merge_heads(permute(permute(split_heads(g, 2), {1, 0, 2}), {1, 0, 2}));  // split permute merge
-    const Var<double> q = fused_attention(h, h, tanh(h), true, 0);                            // fused_attention tanh
-    const Var<double> r = reshape(slice(q, 0, 1, 3), Shape{4, 2});                            // slice reshape
-    const Var<double> s = sqrt(pow(relu(neg(sub(r, shift(scale(r, 2.0), 5.0)))), 2.5));     // sqrt pow relu neg sub (relu of r + 5)
-    const Var<double> t = add(reciprocal(s), log(shift(r, 3.0)));                             // reciprocal log
-    const Var<double> J = add(add(sum(logsumexp(t, 1)), sum(max(t, 0))),                    // sum logsumexp max
-                              add(sum(mean(t, 1, true)), add(sum(sum(t, 0)), cross_entropy(e, targets))));  // mean sum_axis cross_entropy
+    const Var<double> J = testing::every_op_graph(tape);
     std::set<std::string> ops;
     for (std::size_t i = 0; i < tape.size(); ++i) ops.insert(std::string(tape.info(i).op));
-    const std::set<std::string> library{"leaf", "abs", "add", "clamp", "concat", "cross_entropy", "div", "dropout",
-                                        "embedding", "exp", "fused_attention", "gelu", "layer_norm", "log",
-                                        "log_softmax", "logsumexp", "mask", "matmul", "max", "mean", "merge_heads",
-                                        "mul", "neg", "permute", "pow", "reciprocal", "relu", "reshape", "scale",
-                                        "shift", "sigmoid", "slice", "softmax", "split_heads", "sqrt", "sub", "sum",
-                                        "sum_axis", "tanh", "transpose"};
-    BOOST_TEST((ops == library));
+    BOOST_TEST((ops == testing::library_op_names()));
 
     Tape<mp50> precise;
     std::vector<Var<mp50>> leaves;
@@ -301,4 +267,43 @@ BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
     const CheckReport report = check_gradients(tape, J, fast);
     BOOST_TEST(report.passed, report.summary());
     BOOST_TEST(report.kinks == 0u);
+}
+
+// Where the re-run at 50 digits takes another branch than the recording, the check says so by
+// node: a relu whose input is 0 in double and −1e-17 at 50 digits ((x + b) − x, b lost to
+// rounding in double), a max whose tie in double is no tie at 50 digits. The same graph with b
+// large enough to survive rounding takes the same branches, and its report says nothing of them.
+BOOST_AUTO_TEST_CASE(a_rerun_that_takes_another_branch_is_reported_by_node) {
+    const auto record = [](Tape<double>& tape, double b) {
+        const Var<double> x = tape.leaf(Tensor<double>::matrix({{1, 2}}), "x");
+        const Var<double> h = relu(sub(add(x, tape.constant(Tensor<double>::matrix({{b, 0.5}}))), x)).named("h");
+        // lane (1 + 1, 2 + |b|): a tie in double for b = −1e-17, none at 50 digits
+        const Var<double> m = max(add(x, tape.constant(Tensor<double>::matrix({{1, -b}}))), 1);
+        return add(sum(mul(h, h)), sum(m));
+    };
+    Tape<double> tape;
+    const Var<double> J = record(tape, -1e-17);
+    const CheckReport report = check_gradients(tape, J);
+    BOOST_TEST_MESSAGE(report.summary());
+    BOOST_TEST_REQUIRE(report.branch_changes.size() == 2u);
+    const BranchChange& relu_change = report.branch_changes[0];
+    BOOST_TEST(relu_change.op == "relu");
+    BOOST_TEST(relu_change.label == "h");
+    BOOST_TEST(tape.info(relu_change.node).op == "relu");
+    BOOST_TEST(relu_change.elements == 1u);
+    BOOST_TEST(relu_change.of == 2u);
+    BOOST_TEST(relu_change.first == "(0, 0)");
+    BOOST_TEST(relu_change.recorded == 0.0);
+    BOOST_TEST(relu_change.precise == -1e-17, boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(report.branch_changes[1].op == "max");
+    BOOST_TEST(report.branch_changes[1].elements == 1u);
+    BOOST_TEST(report.summary().find(fmt::format("node {} (relu 'h'): 1 of 2 elements take another branch at 50 "
+                                                 "digits than recorded (first at (0, 0)",
+                                                 relu_change.node)) != std::string::npos);
+
+    Tape<double> plain;
+    const Var<double> J_plain = record(plain, -0.25);
+    const CheckReport plain_report = check_gradients(plain, J_plain);
+    BOOST_TEST(plain_report.branch_changes.empty());
+    BOOST_TEST(plain_report.summary().find("another branch") == std::string::npos);
 }

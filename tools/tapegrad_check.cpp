@@ -1,7 +1,8 @@
-// tapegrad-check: the 50-digit gradient check of a named built-in model at a chosen size, in one
+// tapegrad-check: the 50-digit gradient check of a named built-in model at a chosen size, or of a
+// saved tape (io/tape_file.hpp: the tape a program recorded and saved, --tape FILE), in one
 // process or, built with MPI (TAPEGRAD_WITH_MPI), spread over the ranks of `mpirun -np N`
 // unchanged (check/distributed.hpp). Rank 0 prints progress to stderr and the report to stdout.
-// See `tapegrad-check --help`.
+// --save-tape FILE writes a model's recorded tape instead of checking it. See `tapegrad-check --help`.
 #include "benchmarks/timing.hpp"
 #include "examples/retrieval.hpp"
 #include "tapegrad.hpp"
@@ -36,7 +37,7 @@ using namespace tapegrad;
 
 constexpr int exit_ok = 0, exit_error = 1, exit_usage = cli::exit_usage, exit_check_failed = 3;
 
-constexpr std::string_view description = R"(tapegrad-check: the 50-digit gradient check of a built-in model.
+constexpr std::string_view description = R"(tapegrad-check: the 50-digit gradient check of a built-in model or a saved tape.
 
 Models (leaves in brackets; J is the scalar checked):
   attention   single-head attention softmax(Q K^T / sqrt(D)) V, Q = X W_Q, K = X W_K, V = X W_V
@@ -46,6 +47,10 @@ Models (leaves in brackets; J is the scalar checked):
   retrieval   the retrieval model of examples/retrieval.hpp on a batch of sequences of T tokens
               [E, P, W_Q, W_K, W_V, W_O, W_U], J = cross-entropy of the answers
 Values are drawn from --seed (uniform, weights scaled by sqrt(3/D)); the checker uses the same seed.
+
+--tape FILE checks a saved tape instead (a Tape<double> or Tape<float> a program saved with
+tapegrad::save_tape, io/tape_file.hpp): its leaves that need a gradient are checked, J is its
+output. --save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
 
 Full mode compares every coordinate of every leaf (and every branch of a leaf with several
 consumers); fast mode compares random directions and falls back to full when one disagrees.
@@ -64,6 +69,8 @@ struct Settings {
     std::size_t directions = 3;
     std::uint64_t seed = CheckOptions{}.seed;
     unsigned threads = 0;
+    std::string tape;       // --tape: check this saved tape, not a model
+    std::string save_tape;  // --save-tape: write the model's tape, check nothing
 };
 
 // A tensor of uniform values in [−a, a), from the portable draw of examples/retrieval.hpp.
@@ -105,6 +112,20 @@ struct Processes {
 #else
         (void)print_loads;
         return check_gradients(graph, leaves, options);
+#endif
+    }
+
+    // A recorded (loaded) tape, every rank holding the same one.
+    template <Scalar S>
+    CheckReport check(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options, bool print_loads) {
+#if TAPEGRAD_WITH_MPI
+        std::vector<RankLoad> loads;
+        CheckReport report = check_gradients(tape, J, options, world, &loads);
+        if (print_loads && rank() == 0) print(loads);
+        return report;
+#else
+        (void)print_loads;
+        return check_gradients(tape, J, options);
 #endif
     }
 
@@ -168,7 +189,28 @@ void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
                derivatives, cost, predicted, derivatives * 6 * 38);
 }
 
-// The check of one model (nullopt after --plan, which only prints what the check would take).
+CheckOptions options_of(const Settings& s) {
+    CheckOptions options;
+    options.mode = s.fast ? CheckOptions::Mode::fast : CheckOptions::Mode::full;
+    options.directions = s.directions;
+    options.seed = s.seed;
+    if (!s.quiet) options.progress = progress_printer();
+    return options;
+}
+
+// --save-tape: the model recorded on a Tape<double> by ordinary code, its leaves named, saved.
+template <std::size_t N, class Graph>
+void save_model_tape(const Settings& s, Graph& graph, const NamedTensor (&leaves)[N]) {
+    Tape<double> tape;
+    std::array<Var<double>, N> vars;
+    for (std::size_t i = 0; i < N; ++i) vars[i] = tape.leaf(leaves[i].value, leaves[i].name);
+    const Var<double> J = graph(vars);
+    save_tape(s.save_tape, tape, J);
+    fmt::print("saved the {} model's tape ({} nodes, J = {}) to {}\n", s.model, tape.size(), J.value()[0], s.save_tape);
+}
+
+// The check of one model (nullopt after --plan, which only prints what the check would take, and
+// after --save-tape).
 template <std::size_t N, class Graph>
 std::optional<CheckReport> check_model(Processes& processes, const Settings& s, Graph graph,
                                        const NamedTensor (&leaves)[N]) {
@@ -176,12 +218,27 @@ std::optional<CheckReport> check_model(Processes& processes, const Settings& s, 
         if (processes.rank() == 0) print_plan(graph, leaves);
         return std::nullopt;
     }
-    CheckOptions options;
-    options.mode = s.fast ? CheckOptions::Mode::fast : CheckOptions::Mode::full;
-    options.directions = s.directions;
-    options.seed = s.seed;
-    if (!s.quiet) options.progress = progress_printer();
-    return processes.check(graph, leaves, options, s.loads);
+    if (!s.save_tape.empty()) {
+        if (processes.rank() == 0) save_model_tape(s, graph, leaves);
+        return std::nullopt;
+    }
+    return processes.check(graph, leaves, options_of(s), s.loads);
+}
+
+// --tape: the saved tape loaded (on every rank) into a tape of its scalar type and checked.
+template <Scalar S>
+CheckReport check_loaded(Processes& processes, const Settings& s) {
+    Tape<S> tape;
+    const Var<S> J = load_tape(s.tape, tape);
+    if (!s.quiet && processes.rank() == 0) {
+        fmt::print(stderr, "loaded {} ({} nodes, J = {})\n", s.tape, tape.size(), to_double(J.value()[0]));
+    }
+    return processes.check(tape, J, options_of(s), s.loads);
+}
+
+CheckReport check_saved_tape(Processes& processes, const Settings& s) {
+    return tape_file_scalar(s.tape) == TapeFileScalar::float32 ? check_loaded<float>(processes, s)
+                                                               : check_loaded<double>(processes, s);
 }
 
 std::optional<CheckReport> check_attention(Processes& processes, const Settings& s, bool multihead) {
@@ -259,7 +316,9 @@ std::optional<Settings> parse(int argc, char** argv) {
         "threads", integer(&s.threads, 0u, cli::max_threads)->default_value(s.threads), "threads per process (0: one per core)")(
         "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
         "loads", po::bool_switch(&s.loads), "each rank's share and time on stderr (with MPI)")(
-        "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing");
+        "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing")(
+        "tape", po::value(&s.tape), "check this saved tape instead of a model")(
+        "save-tape", po::value(&s.save_tape), "write the model's recorded tape to this file; check nothing");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, options), values);
     if (values.count("help")) {
@@ -267,6 +326,16 @@ std::optional<Settings> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
+    if (!s.tape.empty()) {
+        for (const char* model_option : {"model", "tokens", "width", "heads", "batch", "plan", "save-tape"}) {
+            if (values.count(model_option) && !values[model_option].defaulted()) {
+                throw po::error(fmt::format("--{} describes a built-in model; --tape checks the saved tape as it is",
+                                            model_option));
+            }
+        }
+        return s;
+    }
+    if (!s.save_tape.empty() && s.plan) throw po::error("--plan and --save-tape: choose one");
     if (s.model != "attention" && s.model != "multihead" && s.model != "retrieval") {
         throw po::error(fmt::format("unknown --model '{}' (attention, multihead or retrieval)", s.model));
     }
@@ -295,9 +364,10 @@ int main(int argc, char** argv) {
     try {
         set_threads(settings->threads);
         const std::optional<CheckReport> report =
-            settings->model == "retrieval" ? check_retrieval(processes, *settings)
-                                           : check_attention(processes, *settings, settings->model == "multihead");
-        if (!report) return exit_ok;  // --plan
+            !settings->tape.empty()           ? check_saved_tape(processes, *settings)
+            : settings->model == "retrieval" ? check_retrieval(processes, *settings)
+                                              : check_attention(processes, *settings, settings->model == "multihead");
+        if (!report) return exit_ok;  // --plan, --save-tape
         if (processes.rank() == 0) fmt::print("{}\n", report->summary());
         return report->passed ? exit_ok : exit_check_failed;
     } catch (const std::exception& e) {

@@ -1,4 +1,7 @@
-// Compiles every op's entry points for Dual<mp50>, once, into the library (autodiff/instances.hpp): the
+// Compiles every op's entry points and the tape's out-of-class members (autodiff/tape.hpp) for Dual<mp50>, once, into the library (autodiff/instances.hpp): the
 // op headers declare these instances extern everywhere else.
+#include "autodiff/mp50.hpp"
 #define TAPEGRAD_INSTANTIATE_FOR ::tapegrad::Dual<::tapegrad::mp50>
 #include "ops/instances/all_ops.hpp"
+
+template class tapegrad::Tape<TAPEGRAD_INSTANTIATE_FOR>;

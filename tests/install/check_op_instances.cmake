@@ -1,7 +1,7 @@
 # Checks that a program calling the library's ops on its scalar types links to the library's
 # instances instead of compiling the ops itself (autodiff/instances.hpp): compiles
-# op_instances_probe.cpp and requires matmul and softmax for double, float and mp50 to be
-# undefined (U) in the object, never defined there (W, T). Arguments (-D): CXX_COMPILER, NM,
+# op_instances_probe.cpp and requires matmul and softmax, and the tape's backward, for double,
+# float and mp50 to be undefined (U) in the object, never defined there (W, T). Arguments (-D): CXX_COMPILER, NM,
 # SOURCE_DIR, WORK_DIR. Fault control: with FAULT set, the probe is compiled as an instance file
 # for float (TAPEGRAD_INSTANTIATE_FOR=float), so the headers declare no extern instance for
 # double, and the object must be rejected.
@@ -21,7 +21,9 @@ output_of(ignored ${CXX_COMPILER} -std=c++20 -O0 ${definitions} -I${SOURCE_DIR} 
 output_of(symbols ${NM} -C ${object})
 set(mp50 "boost::multiprecision::number<boost::multiprecision::backends::cpp_bin_float<50u")
 foreach(instance "tapegrad::matmul<double>(" "tapegrad::softmax<double>(" "tapegrad::matmul<float>("
-                 "tapegrad::softmax<float>(" "tapegrad::matmul<${mp50}" "tapegrad::softmax<${mp50}")
+                 "tapegrad::softmax<float>(" "tapegrad::matmul<${mp50}" "tapegrad::softmax<${mp50}"
+                 "tapegrad::Tape<double>::backward(" "tapegrad::Tape<float>::backward("
+                 "tapegrad::Tape<${mp50}, (boost::multiprecision::backends::digit_base_type)10, void, int, 0, 0>, (boost::multiprecision::expression_template_option)0> >::backward(")
   string(REGEX REPLACE "([][.*+?^$()|\\\\])" "\\\\\\1" pattern "${instance}")
   if(symbols MATCHES "\n[0-9a-f]+ [TWtw] [^\n]*${pattern}")
     message(FATAL_ERROR "the program defines its own copy of ${instance}...): the op headers' extern "
@@ -31,4 +33,4 @@ foreach(instance "tapegrad::matmul<double>(" "tapegrad::softmax<double>(" "tapeg
     message(FATAL_ERROR "the program does not call the library's ${instance}...)")
   endif()
 endforeach()
-message(STATUS "the probe takes matmul and softmax for double, float and mp50 from the library")
+message(STATUS "the probe takes matmul, softmax and the tape's backward for double, float and mp50 from the library")

@@ -50,13 +50,16 @@ foreach(line IN LISTS symbols)
   list(GET fields 1 name)
   if(NOT name MATCHES "^(guard variable for )?tapegrad::")
     list(APPEND outside "${name}")
-  elseif(type MATCHES "^[WVw]$" AND name MATCHES "\\)( const)?$" AND NOT name MATCHES ">\\(")
+  elseif(type MATCHES "^[WVw]$" AND name MATCHES "\\)( const)?$" AND NOT name MATCHES ">\\("
+         AND NOT name MATCHES "^tapegrad::([A-Za-z_0-9]+::)*[A-Za-z_0-9]+<")
     # A weak function (its name ends in its parameters) that is not a template instance: a copy of
     # an inline function. (Template instances are weak too: the ops' entry points the library
     # compiles for float, double and mp50, autodiff/instances.hpp, and the function templates they
     # call; their names end in "<arguments>(parameters)". Weak objects are not copies of
     # functions: the function-local statics with their guards, above, and the op kinds
-    # op_kind_of<Op, T>, which GCC marks unique and Clang weak.)
+    # op_kind_of<Op, T>, which GCC marks unique and Clang weak. The members of a class template
+    # instance, such as the tapes the library compiles, Tape<double>::backward, are weak
+    # template instances as well: "tapegrad::Tape<...>::name(...)".)
     list(APPEND weak "${name}")
   endif()
 endforeach()

@@ -50,7 +50,8 @@ function(install_library prefix)
 endfunction()
 
 function(require_files prefix)
-  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/autodiff/tape.hpp include/tapegrad/autodiff/op.hpp
+  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/tapegrad_record.hpp include/tapegrad/autodiff/tape.hpp
+               include/tapegrad/autodiff/op.hpp include/tapegrad/autodiff/mp50.hpp include/tapegrad/io/tape_file.hpp
                include/tapegrad/check/gradcheck.hpp include/tapegrad/io/npy.hpp include/tapegrad/ops/softmax.hpp
                include/tapegrad/ops/fast/softmax_rows.hpp include/tapegrad/models/multihead.hpp
                ${LIBDIR}/libtapegrad.a ${LIBDIR}/libtapegrad.so ${LIBDIR}/libtapegrad.so.${SOVERSION}

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Writes the malformed-file corpus of the saved-tape loader (bad_*.json) from spec.json, the spec's
+attention graph as save_tape wrote it (tests/test_tape_file.cpp lists the fault each file must be
+refused with). Each file breaks one thing; run from this directory: python3 make_corpus.py"""
+import json
+
+lines = open("spec.json").read().splitlines()
+header, nodes, footer = lines[0], lines[1:-1], lines[-1]
+parsed = [json.loads(n.rstrip(",")) for n in nodes]
+
+
+def first(op):
+    return next(i for i, n in enumerate(parsed) if n.get("op") == op)
+
+
+def with_node(i, node):
+    out = list(nodes)
+    out[i] = json.dumps(node, separators=(",", ":")) + ("," if i + 1 < len(nodes) else "")
+    return "\n".join([header] + out + [footer]) + "\n"
+
+
+def write(name, text):
+    with open(name, "w") as f:
+        f.write(text)
+
+
+text = "\n".join(lines) + "\n"
+matmul, scale = first("matmul"), first("scale")
+second_matmul = [i for i, n in enumerate(parsed) if n.get("op") == "matmul"][3]  # A·V: inputs of another shape
+write("bad_not_json.json", "tapegrad tape, version 1\n")
+write("bad_truncated.json", text[: len(text) // 2])
+write("bad_not_an_object.json", "[1, 2, 3]\n")
+write("bad_format.json", text.replace('"format": "tapegrad-tape"', '"format": "onnx"'))
+write("bad_version.json", text.replace('"version": 1', '"version": 2'))
+write("bad_version_text.json", text.replace('"version": 1', '"version": "1"'))
+write("bad_scalar.json", text.replace('"scalar": "float64"', '"scalar": "float16"'))
+write("bad_unknown_key.json", text.replace('"version": 1', '"version": 1, "comment": "hi"'))
+write("bad_no_nodes.json", header + "\n]}\n")
+write("bad_output.json", text.replace('"output": %d' % (len(nodes) - 1), '"output": 3'))
+write("bad_node_kind.json", with_node(1, dict(parsed[1], node="parameter")))
+write("bad_values_count.json", with_node(0, dict(parsed[0], values=parsed[0]["values"][:-1])))
+write("bad_value_text.json", with_node(2, dict(parsed[2], values=[parsed[2]["values"][0], "0x1p+0"] + parsed[2]["values"][2:])))
+write("bad_value_nan.json", with_node(3, dict(parsed[3], values=["nan"] + parsed[3]["values"][1:])))
+write("bad_rank.json", with_node(0, dict(parsed[0], shape=[1] * 9)))
+write("bad_dimension.json", with_node(0, dict(parsed[0], shape=[-3, 2])))
+write("bad_unknown_op.json", with_node(matmul, dict(parsed[matmul], op="softmax_fast")))
+write("bad_input_later.json", with_node(matmul, dict(parsed[matmul], inputs=[0, len(nodes) - 1])))
+write("bad_input_count.json", with_node(matmul, dict(parsed[matmul], inputs=[0])))
+write("bad_missing_setting.json", with_node(scale, {k: v for k, v in parsed[scale].items() if k != "settings"}))
+write("bad_unknown_setting.json", with_node(scale, dict(parsed[scale], settings={"factor": parsed[scale]["settings"]["c"]})))
+write("bad_setting_text.json", with_node(scale, dict(parsed[scale], settings={"c": "one half"})))
+write("bad_shape_mismatch.json", with_node(second_matmul, dict(parsed[second_matmul], inputs=[0, 0])))
+write("bad_declared_shape.json", with_node(matmul, dict(parsed[matmul], shape=list(reversed(parsed[matmul]["shape"])))))
+write("bad_label.json", with_node(1, dict(parsed[1], label=7)))

@@ -1,0 +1,235 @@
+// Saved tapes (io/tape_file.hpp): a recorded tape saved and loaded is the same graph bit for bit
+// (every node's op, inputs, label and value), so it checks exactly like the original: the graph of
+// every library op, the spec's attention, a transformer block, the retrieval model, a float tape.
+// Every file of the malformed corpus (tests/data/tape_files/bad_*.json) is refused with an
+// io_error naming the file, the node and the fault, and leaves the tape empty; a tape of a user's
+// op cannot be saved, and a save that fails leaves no file behind.
+#define BOOST_TEST_MODULE tape_file
+#include "support.hpp"
+
+#include "examples/retrieval.hpp"
+
+#include <bit>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+using namespace tapegrad;
+using tapegrad::testing::expect_same_report;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const fs::path corpus = TAPEGRAD_TAPE_FILES;
+
+// A fresh directory for one test's files.
+fs::path scratch_dir(std::string_view name) {
+    const fs::path dir = fs::temp_directory_path() / fmt::format("tapegrad_tape_file_{}_{}", ::getpid(), name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    return dir;
+}
+
+template <Scalar T>
+bool same_bits(const Tensor<T>& a, const Tensor<T>& b) {
+    if (!(a.shape() == b.shape())) return false;
+    for (std::size_t k = 0; k < a.size(); ++k) {
+        if (std::bit_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(a[k]) !=
+            std::bit_cast<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>(b[k])) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The loaded tape holds the saved graph node for node: op, inputs, label, value (bit for bit), and
+// which leaves need a gradient; and it saves to the same text.
+template <Scalar T>
+void expect_same_graph(const Tape<T>& saved, const Var<T>& out, const Tape<T>& loaded, const Var<T>& out_loaded) {
+    BOOST_TEST_REQUIRE(loaded.size() == out.index() + 1);
+    BOOST_TEST(out_loaded.index() == out.index());
+    for (std::uint32_t i = 0; i <= out.index(); ++i) {
+        const auto a = saved.recorded(i), b = loaded.recorded(i);
+        BOOST_TEST((a.kind == nullptr ? "leaf" : a.kind->name) == (b.kind == nullptr ? "leaf" : b.kind->name), "node " << i);
+        BOOST_TEST((std::vector<std::uint32_t>(a.inputs.begin(), a.inputs.end()) ==
+                    std::vector<std::uint32_t>(b.inputs.begin(), b.inputs.end())), "node " << i);
+        BOOST_TEST(a.label == b.label, "node " << i);
+        BOOST_TEST(a.requires_grad == b.requires_grad, "node " << i);
+        BOOST_TEST(same_bits(a.value, b.value), "node " << i << " (" << (a.kind ? a.kind->name : "leaf") << ")");
+    }
+    BOOST_TEST(tape_file_text(loaded, out_loaded) == tape_file_text(saved, out));
+}
+
+// f() throws E, and E's message holds `words`.
+template <class E, class F>
+void expect_refusal(F f, std::string_view words) {
+    const std::string message = testing::message_of<E>(f);
+    BOOST_TEST(message.find(words) != std::string::npos, "message: " << message << "\nexpected words: " << words);
+}
+
+CheckOptions fast_mode() {
+    CheckOptions options;
+    options.mode = CheckOptions::Mode::fast;
+    return options;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_graph_of_every_op_saved_and_loaded_is_the_same_graph_and_checks_alike) {
+    Tape<double> tape;
+    const Var<double> J = testing::every_op_graph(tape);
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(tape_file_text(tape, J), "every op", loaded);
+    expect_same_graph(tape, J, loaded, J_loaded);
+    expect_same_report(check_gradients(loaded, J_loaded, fast_mode()), check_gradients(tape, J, fast_mode()));
+}
+
+BOOST_AUTO_TEST_CASE(the_spec_graph_saved_to_a_file_checks_exactly_like_the_original) {
+    const fs::path dir = scratch_dir("spec");
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 0}, {0, 1}, {1, 1}}), "X");
+    const Var<double> W_Q = tape.leaf(Tensor<double>::matrix({{0.5, -1}, {1, 0.25}}), "W_Q");
+    const Var<double> W_K = tape.leaf(Tensor<double>::matrix({{1, 0}, {0.5, 1}}), "W_K");
+    const Var<double> W_V = tape.leaf(Tensor<double>::matrix({{2, 0, 1}, {0, 4, -1}}), "W_V");
+    const AttentionResult<double> attn = attention(X, W_Q, W_K, W_V);
+    const Var<double> G = tape.constant(Tensor<double>::matrix({{1, -2, 0.5}, {0.25, 1, 3}, {-1, 0.5, 2}}), "G");
+    const Var<double> J = sum(attn.O * G);
+    save_tape(dir / "spec.json", tape, J);
+    BOOST_TEST((tape_file_scalar(dir / "spec.json") == TapeFileScalar::float64));
+    Tape<double> loaded;
+    const Var<double> J_loaded = load_tape(dir / "spec.json", loaded);
+    expect_same_graph(tape, J, loaded, J_loaded);
+    expect_same_report(check_gradients(loaded, J_loaded), check_gradients(tape, J));
+    BOOST_TEST(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);  // the file alone
+    fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(a_transformer_block_and_the_retrieval_model_round_trip_bit_for_bit) {
+    const testing::SmallTransformer small;
+    const TransformerConfig& c = small.config;
+    const std::vector<Tensor<double>>& values = small.values;
+    const std::vector<std::size_t>&tokens = small.tokens, &targets = small.targets;
+    Tape<double> tape;
+    const auto vars = TransformerVars<double>::record(tape, values, c);
+    const Var<double> J = transformer_loss(vars, c, std::span<const std::size_t>(tokens),
+                                           std::span<const std::size_t>(targets), 1);
+    Tape<double> loaded;
+    expect_same_graph(tape, J, loaded, parse_tape(tape_file_text(tape, J), "transformer", loaded));
+
+    RetrievalConfig config;
+    config.pairs = 3, config.keys = 4, config.values = 4, config.width = 8, config.heads = 2;
+    std::mt19937_64 generator(3);
+    const RetrievalBatch batch = make_retrieval_batch(config, 2, generator);
+    const RetrievalParameters p = RetrievalParameters::initial(config);
+    Tape<double> retrieval;
+    const Var<double> loss = retrieval_loss(
+        RetrievalVars<double>{retrieval.leaf(p.E, "E"), retrieval.leaf(p.P, "P"), retrieval.leaf(p.W_Q, "W_Q"),
+                              retrieval.leaf(p.W_K, "W_K"), retrieval.leaf(p.W_V, "W_V"), retrieval.leaf(p.W_O, "W_O"),
+                              retrieval.leaf(p.W_U, "W_U")},
+        batch, config.heads);
+    Tape<double> retrieval_loaded;
+    expect_same_graph(retrieval, loss, retrieval_loaded, parse_tape(tape_file_text(retrieval, loss), "retrieval", retrieval_loaded));
+}
+
+BOOST_AUTO_TEST_CASE(a_float_tape_round_trips_and_loads_only_as_float) {
+    std::mt19937_64 rng(5);
+    Tape<float> tape;
+    const Var<float> X = tape.leaf(tensor_cast<float>(random_tensor({3, 4}, rng)), "X");
+    const Var<float> W = tape.leaf(tensor_cast<float>(random_tensor({4, 4}, rng)), "W");
+    const Var<float> J = sum(layer_norm(gelu(matmul(X, W)), tape.constant(Tensor<float>({4}, 1.5f)),
+                                        tape.constant(Tensor<float>({4}, 0.25f))) * 0.1f);
+    const std::string text = tape_file_text(tape, J);
+    BOOST_TEST((parse_tape_scalar(text, "float tape") == TapeFileScalar::float32));
+    Tape<float> loaded;
+    const Var<float> J_loaded = parse_tape(text, "float tape", loaded);
+    expect_same_graph(tape, J, loaded, J_loaded);
+    expect_same_report(check_gradients(loaded, J_loaded), check_gradients(tape, J));
+    Tape<double> wrong;
+    expect_refusal<io_error>([&] { (void)parse_tape(text, "float tape", wrong); },
+                                               "float tape: it holds a float32 tape; load it into a Tape<float>");
+    BOOST_TEST(wrong.size() == 0u);
+}
+
+// Each file of the corpus, and the fault its message must name (the file's name is in every one).
+BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_and_the_fault) {
+    const std::map<std::string, std::string> faults{
+        {"bad_not_json.json", "not a JSON document"},
+        {"bad_truncated.json", "not a JSON document"},
+        {"bad_not_an_object.json", "the document is not a JSON object"},
+        {"bad_format.json", "\"format\" is not \"tapegrad-tape\""},
+        {"bad_version.json", "format version 2 is not supported (this library reads version 1)"},
+        {"bad_version_text.json", "format version \"1\" is not supported"},
+        {"bad_scalar.json", "\"scalar\" \"float16\" is not \"float32\" or \"float64\""},
+        {"bad_unknown_key.json", "unknown key \"comment\""},
+        {"bad_no_nodes.json", "\"nodes\" is not a non-empty array"},
+        {"bad_output.json", "\"output\" is 3, but the output is the last of the 15 nodes"},
+        {"bad_node_kind.json", "node 1 (parameter): \"node\" \"parameter\" is not \"leaf\", \"constant\" or \"op\""},
+        {"bad_values_count.json", "node 0 (leaf): shape [3x2] holds 6 values, \"values\" has 5"},
+        {"bad_value_text.json", "node 2 (leaf): value 1 \"0x1p+0\" is not a float64 in hexadecimal floating-point text"},
+        {"bad_value_nan.json", "node 3 (leaf): value 0 (at (0, 0)) is NaN"},
+        {"bad_rank.json", "node 0 (leaf): \"shape\" has rank 9, above the maximum 4"},
+        {"bad_dimension.json", "node 0 (leaf): \"shape\"[0] is not a non-negative integer"},
+        {"bad_unknown_op.json", "node 4 (op softmax_fast): op \"softmax_fast\" is not one of the library's ops"},
+        {"bad_input_later.json", "node 4 (op matmul): input 14 is not an earlier node"},
+        {"bad_input_count.json", "node 4 (op matmul): \"inputs\" is not an array of 2 node indices"},
+        {"bad_missing_setting.json", "node 9 (op scale): setting \"c\" is missing"},
+        {"bad_unknown_setting.json", "node 9 (op scale): unknown setting \"factor\""},
+        {"bad_setting_text.json", "node 9 (op scale): c \"one half\" is not a float64 in hexadecimal floating-point text"},
+        {"bad_shape_mismatch.json", "node 8 (op matmul): matmul: inner dimensions differ"},
+        {"bad_declared_shape.json", "node 4 (op matmul): its output has shape [3x2], the file says [2x3]"},
+        {"bad_label.json", "node 1 (leaf): \"label\" is not a string"},
+    };
+    std::size_t files = 0;
+    for (const fs::directory_entry& entry : fs::directory_iterator(corpus)) {
+        const std::string name = entry.path().filename().string();
+        if (!name.starts_with("bad_")) continue;
+        ++files;
+        const auto fault = faults.find(name);
+        BOOST_TEST_REQUIRE((fault != faults.end()), "no expected fault listed for " << name);
+        Tape<double> tape;
+        expect_refusal<io_error>([&] { (void)load_tape(entry.path(), tape); },
+                                                   fmt::format("load_tape: {}", entry.path().string()));
+        expect_refusal<io_error>([&] { (void)load_tape(entry.path(), tape); }, fault->second);
+        BOOST_TEST(tape.size() == 0u, name << " left nodes on the tape");
+    }
+    BOOST_TEST(files == faults.size());  // every listed fault has its file
+    // The valid file the corpus is made from loads, checks, and passes.
+    Tape<double> tape;
+    const Var<double> J = load_tape(corpus / "spec.json", tape);
+    BOOST_TEST(check_gradients(tape, J).passed);
+}
+
+BOOST_AUTO_TEST_CASE(a_missing_file_and_a_tape_that_is_not_empty_are_refused) {
+    Tape<double> tape;
+    expect_refusal<io_error>([&] { (void)load_tape(corpus / "no_such_file.json", tape); },
+                                               "cannot open");
+    (void)tape.leaf(Tensor<double>({1}, 1.0));
+    expect_refusal<usage_error>([&] { (void)load_tape(corpus / "spec.json", tape); },
+                                                  "the tape to load into must be empty (it holds 1 nodes)");
+}
+
+BOOST_AUTO_TEST_CASE(a_tape_of_a_users_op_is_not_saved_and_a_failed_save_leaves_no_file) {
+    const fs::path dir = scratch_dir("refused");
+    Tape<double> tape;
+    const Var<double> S = tape.leaf(Tensor<double>::matrix({{1, 2}, {3, 4}}), "S");
+    const Var<double> A = tape.template record<testing::SoftmaxWithoutDenominator>({S});
+    const Var<double> J = sum(A * A);
+    expect_refusal<usage_error>([&] { save_tape(dir / "user.json", tape, J); },
+                                                  "is not a library op; a saved tape holds the library's ops only");
+    // The target is a directory: the rename fails, and the temporary file goes with it.
+    fs::create_directory(dir / "taken");
+    Tape<double> plain;
+    const Var<double> P = plain.leaf(Tensor<double>::matrix({{1, 2}, {3, 4}}), "P");
+    const Var<double> K = sum(P * P);
+    expect_refusal<io_error>([&] { save_tape(dir / "taken", plain, K); }, "cannot rename");
+    expect_refusal<io_error>([&] { save_tape(dir / "missing" / "k.json", plain, K); }, "cannot create");
+    BOOST_TEST(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);  // only "taken"
+    BOOST_TEST(fs::is_empty(dir / "taken"));
+    fs::remove_all(dir);
+}
