@@ -5,7 +5,8 @@
 // (--help lists every option). Progress is a bar on a terminal and plain lines otherwise. With
 // --curve FILE.png and gnuplot on the PATH, the loss and validation curves are drawn; --curve-data
 // writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
-// --check-step takes one step and checks the gradients of the tape it ran (check/recorded.hpp).
+// --check-step takes one step and checks the gradients of the tape it ran (check/recorded.hpp);
+// with --save-tape FILE it saves that tape first (io/tape_file.hpp).
 #include "examples/charlm.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/recorded.hpp"
@@ -34,7 +35,7 @@ struct RunOptions {
     std::string kernel{attention_kernel_name(CharLmSettings{}.kernel)};
     unsigned threads = 1;
     bool check_step = false;
-    std::string save, load, prompt = "The ", curve, curve_data;
+    std::string save, load, prompt = "The ", curve, curve_data, save_tape;
     std::vector<std::string> corpus;
 };
 
@@ -86,7 +87,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("curve-data", po::value(&r.curve_data), "text file of step, training and validation bits/char")
         ("corpus", po::value(&r.corpus)->multitoken(), "text files (default: prose files of Debian's fortunes)")
         ("check-step", po::bool_switch(&r.check_step), "take one step, check its tape's gradients against 50-digit "
-                                                      "differences (fast mode) and stop; exit 3 if they disagree");
+                                                      "differences (fast mode) and stop; exit 3 if they disagree")
+        ("save-tape", po::value(&r.save_tape), "with --check-step: save the step's tape to this file first "
+                                               "(io/tape_file.hpp; check it anywhere with tapegrad-check --tape)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, description), values);
     if (values.count("help")) {
@@ -94,6 +97,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
+    if (!r.save_tape.empty() && !r.check_step) {
+        throw cli::usage_error("--save-tape saves the tape of the step --check-step takes; give --check-step too");
+    }
     try {
         m.kernel = attention_kernel_from(r.kernel);
     } catch (const tapegrad::error& e) {
@@ -160,8 +166,12 @@ void draw_curve(const std::string& png, const std::string& data) {
 
 // --check-step: one training step, then its tape checked as it ran (check/recorded.hpp), fast mode,
 // without branch attribution.
-int check_one_step(CharLmTrainer& trainer) {
+int check_one_step(CharLmTrainer& trainer, const std::string& save_tape_file) {
     const double loss = trainer.step();
+    if (!save_tape_file.empty()) {  // first, so that a check that fails leaves the tape to attach
+        save_tape(save_tape_file, trainer.last_step_tape(), trainer.last_step_loss());
+        fmt::print("step {}: tape saved to {}\n", trainer.steps_done(), save_tape_file);
+    }
     CheckOptions options;
     options.mode = CheckOptions::Mode::fast;
     // Branches (E tied to the output projection) are attributed coordinate by coordinate, a
@@ -193,7 +203,7 @@ int run(const RunOptions& r) {
                r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
                [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
                attention_kernel_name(r.model.kernel), trainer.steps_done() + 1, last, r.model.steps, r.threads);
-    if (r.check_step) return check_one_step(trainer);
+    if (r.check_step) return check_one_step(trainer, r.save_tape);
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     Progress progress(last);
