@@ -10,6 +10,7 @@
 #include "examples/charlm.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/recorded.hpp"
+#include "io/tape_file.hpp"
 #include "tools/options.hpp"
 
 #include <boost/program_options.hpp>

@@ -316,7 +316,8 @@ S decode(const Json& settings, const Where& where) {
         return FileOp<Op>::decode(settings, where);
     } else {
         S s{};
-        for (const auto& [key, value] : settings.items()) {  // a misspelt setting is named as such
+        for (const auto& item : settings.items()) {  // a misspelt setting is named as such
+            const std::string& key = item.key();
             bool known = false;
             FileOp<Op>::fields(s, [&](std::string_view name, auto&) { known = known || key == name; });
             if (!known) where.fail(fmt::format("unknown setting \"{}\"", key));
