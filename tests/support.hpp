@@ -46,83 +46,103 @@ Var<T> probe(const Var<T>& Y) {
     return sum(mul(Y, G));
 }
 
-// The op tables' second-order columns: the JVP check on the op's own output (every entry, plus
-// the transpose identity) and the HVP check on the probe J = Σ Y ∘ G, each along one seeded random
-// direction (check/second_order.hpp, 50-digit dual tape against 50-digit differences, thresholds
-// as the checker's). One direction each and the 50-digit dual tape only keep the added run and
-// compile time small (the tables also run in the sanitizer build); the attention graphs get three in tests/test_second_order.cpp. A failure's
-// report is printed as a warning; the row fails through the returned verdict.
+// The op tables drive each op through the tape it was recorded on (check/recorded.hpp): the op
+// runs once, on a Tape<double>, by ordinary code; every 50-digit and dual computation is the
+// library's re-run of that tape (autodiff/rerun.hpp). So a table compiles its ops at double only;
+// an op struct of a test's own (a fault control) registers its siblings to be driven here.
+
+// The op recorded on `tape`: leaves x0, x1, ... holding `values`, and its output.
 template <std::size_t N, class Op>
-CheckReport check_op_second_order(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
-    NamedTensor leaves[N];
-    for (std::size_t l = 0; l < N; ++l) leaves[l] = NamedTensor{fmt::format("x{}", l), values[l]};
+Var<double> record_op(Op& op, Tape<double>& tape, const std::array<Tensor<double>, N>& values) {
+    std::array<Var<double>, N> leaves;
+    for (std::size_t l = 0; l < N; ++l) leaves[l] = tape.leaf(values[l], fmt::format("x{}", l));
+    return op(leaves);
+}
+
+// The recorded graph up to `output` re-run at 50 digits on `precise`, with the leaves' values given.
+template <std::size_t N>
+struct AtFiftyDigits {
+    std::array<Var<mp50>, N> leaves;
+    Var<mp50> output;
+};
+template <std::size_t N>
+AtFiftyDigits<N> rerun_at_50_digits(const Tape<double>& tape, const Var<double>& output, Tape<mp50>& precise,
+                                    const std::array<Tensor<mp50>, N>& values) {
+    AtFiftyDigits<N> run;
+    for (std::size_t l = 0; l < N; ++l) run.leaves[l] = precise.leaf(values[l], fmt::format("x{}", l));
+    run.output = rerun(tape, output, std::span<const Var<mp50>>(run.leaves));
+    return run;
+}
+
+// The op tables' second-order columns: the JVP check on the op's own output Y (every entry, plus
+// the transpose identity) and the HVP check on the probe J = Σ Y ∘ G, each along one seeded random
+// direction (check/second_order.hpp's checks on the recorded tape: 50-digit and double dual
+// tapes against 50-digit differences, thresholds as the checker's). One direction each keeps the
+// run time small (the tables also run in the sanitizer build); the attention graphs get three in
+// tests/test_second_order.cpp. A failure's report is printed as a warning; the row fails through
+// the returned verdict. An output with constant non-finite entries (mask: −inf where hidden) has
+// no scalar probe (−inf·G summed over signs of G is NaN), so it gets the JVP column only (J
+// invalid); its curvature is checked where softmax follows it ("mask then softmax").
+inline CheckReport check_op_second_order(const Tape<double>& tape, const Var<double>& Y, const Var<double>& J,
+                                         std::mt19937_64& rng) {
     CheckOptions options;
     options.directions = 1;
     options.seed = rng();
-    const SecondOrderReport jvp = check_jvp<DualTapes::mp_only>(op, leaves, options);
+    const SecondOrderReport jvp = check_jvp(tape, Y, options);
     BOOST_WARN_MESSAGE(jvp.passed, jvp.summary());
-    // An output with constant non-finite entries (mask: −inf where hidden) has no scalar probe
-    // (−inf·G summed over signs of G is NaN), so it gets the JVP column only; its curvature is
-    // checked where softmax follows it ("mask then softmax").
-    Tape<double> tape;
-    std::array<Var<double>, N> in;
-    for (std::size_t l = 0; l < N; ++l) in[l] = tape.leaf(values[l]);
-    const Tensor<double> Y = op(in).value();
-    if (!std::all_of(Y.data().begin(), Y.data().end(), [](double y) { return std::isfinite(y); })) {
-        CheckReport report;
-        report.passed = jvp.passed;
-        report.coordinates = jvp.compared;
-        report.failures = jvp.failures;
-        report.max_error_mp = jvp.max_error_mp;
-        return report;
-    }
-    const SecondOrderReport hvp = check_hvp<DualTapes::mp_only>([&](auto x) { return probe(op(x)); }, leaves, options);
-    BOOST_WARN_MESSAGE(hvp.passed, hvp.summary());
     CheckReport report;
-    report.passed = jvp.passed && hvp.passed;
-    report.coordinates = jvp.compared + hvp.compared;
-    report.failures = jvp.failures + hvp.failures;
-    report.max_error_mp = std::max(jvp.max_error_mp, hvp.max_error_mp);
+    report.passed = jvp.passed;
+    report.coordinates = jvp.compared;
+    report.failures = jvp.failures;
+    report.max_error_mp = jvp.max_error_mp;
+    if (!J.valid()) return report;
+    const SecondOrderReport hvp = check_hvp(tape, J, options);
+    BOOST_WARN_MESSAGE(hvp.passed, hvp.summary());
+    report.passed = report.passed && hvp.passed;
+    report.coordinates += hvp.compared;
+    report.failures += hvp.failures;
+    report.max_error_mp = std::max(report.max_error_mp, hvp.max_error_mp);
     return report;
 }
 
-// Drives `op` by an explicit upstream seed on its own output, in 50 digits: a random G over every
-// output entry (hidden and dropped ones included) goes through tape.backward(Y, G), and each
-// leaf coordinate's VJP is compared with the central difference of Σ_k G_k·Y_k, summed over the
-// entries of Y that move (an entry the forward holds constant, −inf where mask hides a score or 0
-// where dropout dropped one, contributes nothing). So a VJP that leaks gradient where its output
-// is constant fails here, even when a downstream op (softmax after mask) would hide the leak from
-// a scalar loss. Threshold 1e-25 on the mixed error, as the checker's: the step h = 1e-16 gives a
-// truncation error of about h²·|third derivative|/6 ≈ 1e-33 and rounding of about 1e-50/h = 1e-34.
-// Each replay is also compared with a fresh recording of the moved inputs, at the checker's step
-// and at a large one (0.25): replays run an op's `update` hook when it has one, and autodiff/op.hpp
+// Drives the op recorded as `Y` on `tape` (leaves x0..x(N−1)) by an explicit upstream seed on its
+// own output, in 50 digits: a random G over every output entry (hidden and dropped ones included)
+// goes through backward(Y, G) on the 50-digit re-run, and each leaf coordinate's VJP is compared
+// with the central difference of Σ_k G_k·Y_k, summed over the entries of Y that move (an entry the
+// forward holds constant, −inf where mask hides a score or 0 where dropout dropped one,
+// contributes nothing). So a VJP that leaks gradient where its output is constant fails here, even
+// when a downstream op (softmax after mask) would hide the leak from a scalar loss. Threshold 1e-25
+// on the mixed error, as the checker's: the step h = 1e-16 gives a truncation error of about
+// h²·|third derivative|/6 ≈ 1e-33 and rounding of about 1e-50/h = 1e-34.
+// Each replay is also compared with a fresh re-run of the moved inputs, at the checker's step and
+// at a large one (0.25): replays run an op's `update` hook when it has one, and autodiff/op.hpp
 // requires it to equal `forward` to rounding. 50-digit results carry ~1e-49 relative rounding and
 // the two orders of summation may differ by a few units of that, so 1e-45 is the bound (a wrong
 // update misses by about the size of the change, ≥ 1e-20 here).
-template <std::size_t N, class Op>
-CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+template <std::size_t N>
+CheckReport check_seeded_on_tape(const Tape<double>& tape, const Var<double>& Y,
+                                 const std::array<Tensor<double>, N>& values, std::mt19937_64& rng) {
     CheckReport report;
-    Tape<mp50> tape;
-    std::array<Var<mp50>, N> leaves;
-    for (std::size_t l = 0; l < N; ++l) leaves[l] = tape.leaf(tensor_cast<mp50>(values[l]), fmt::format("x{}", l));
-    const Var<mp50> Y = op(leaves);
+    std::array<Tensor<mp50>, N> exact;
+    for (std::size_t l = 0; l < N; ++l) exact[l] = tensor_cast<mp50>(values[l]);
+    Tape<mp50> precise;
+    const AtFiftyDigits<N> run = rerun_at_50_digits(tape, Y, precise, exact);
+    const Var<mp50>& Y_mp = run.output;
     const Tensor<mp50> G = tensor_cast<mp50>(random_tensor(Y.shape(), rng));
-    tape.backward(Y, G);
+    precise.backward(Y_mp, G);
     ReplayWorkspace<mp50> work;
     const mp50 h(1e-16);
     const auto mixed = [](const mp50& a, const mp50& n) {
         return to_double(mp50(abs(a - n) / std::max(mp50(1), mp50(abs(n)))));
     };
-    // Y with coordinate c of leaf l moved by `step`, by replay, checked against a fresh recording.
+    // Y with coordinate c of leaf l moved by `step`, by replay, checked against a fresh re-run.
     const auto moved_output = [&](std::size_t l, std::size_t c, const mp50& step) {
-        Tensor<mp50> moved = leaves[l].value();
-        moved[c] += step;
-        const Tape<mp50>::Replacement replacement{leaves[l], &moved, std::nullopt};
-        Tensor<mp50> replayed = tape.replay(Y, std::span(&replacement, 1), work);
+        std::array<Tensor<mp50>, N> moved = exact;
+        moved[l][c] += step;
+        const Tape<mp50>::Replacement replacement{run.leaves[l], &moved[l], std::nullopt};
+        Tensor<mp50> replayed = precise.replay(Y_mp, std::span(&replacement, 1), work);
         Tape<mp50> fresh;
-        std::array<Var<mp50>, N> fresh_leaves;
-        for (std::size_t k = 0; k < N; ++k) fresh_leaves[k] = fresh.leaf(k == l ? moved : leaves[k].value());
-        const Tensor<mp50> recorded = op(fresh_leaves).value();
+        const Tensor<mp50> recorded = rerun_at_50_digits(tape, Y, fresh, moved).output.value();
         for (std::size_t k = 0; k < recorded.size(); ++k) {
             const bool same = recorded[k] == replayed[k] || mixed(replayed[k], recorded[k]) <= 1e-45;
             BOOST_TEST(same, "replay of x" << l << " coordinate " << c << " differs from forward at output " << k);
@@ -130,6 +150,7 @@ CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor
         return replayed;
     };
     for (std::size_t l = 0; l < N; ++l) {
+        const Tensor<mp50>& gradient = run.leaves[l].grad();
         for (std::size_t c = 0; c < values[l].size(); ++c) {
             const Tensor<mp50> plus = moved_output(l, c, h), minus = moved_output(l, c, mp50(-h));
             moved_output(l, c, mp50(0.25));
@@ -137,42 +158,60 @@ CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor
             for (std::size_t k = 0; k < plus.size(); ++k) {
                 if (plus[k] != minus[k]) numeric += G[k] * (plus[k] - minus[k]) / (2 * h);
             }
-            const double error = mixed(leaves[l].grad()[c], numeric);
+            const double error = mixed(gradient[c], numeric);
             ++report.coordinates;
             report.max_error_mp = std::max(report.max_error_mp, error);
             if (!(error <= 1e-25)) {
                 ++report.failures;
                 report.passed = false;
                 BOOST_TEST_MESSAGE("seeded VJP of x" << l << " at " << index_string(values[l].shape(), c)
-                                                     << ": analytic " << to_double(leaves[l].grad()[c])
+                                                     << ": analytic " << to_double(gradient[c])
                                                      << ", numeric " << to_double(numeric));
             }
         }
     }
-    // Every caller of the seeded check (the op tables, the checks on given values) also gets the
-    // second-order columns; their failures are not added to the seeded failure count.
-    const CheckReport second = check_op_second_order(op, rng, values);
+    return report;
+}
+
+// The seeded check of `op` on given leaf values, with the second-order columns (their failures
+// are not added to the seeded failure count).
+template <std::size_t N, class Op>
+CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+    Tape<double> tape;
+    const Var<double> Y = record_op(op, tape, values);
+    CheckReport report = check_seeded_on_tape(tape, Y, values, rng);
+    const bool finite = std::all_of(Y.value().data().begin(), Y.value().data().end(),
+                                    [](double y) { return std::isfinite(y); });
+    const CheckReport second = check_op_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, rng);
     report.passed = report.passed && second.passed;
     report.max_error_mp = std::max(report.max_error_mp, second.max_error_mp);
     return report;
 }
 
-// Checks `op` (a generic lambda from an array of Vars to a Var) on random leaves of the given
-// shapes, with the default (fixed) thresholds: through the checker with the probe J = Σ Y ∘ G
+// Checks `op` (a generic lambda from an array of Vars to a Var) on the given leaf values, with the
+// default (fixed) thresholds: its recorded tape through the checker with the probe J = Σ Y ∘ G
 // downstream, and by an explicit seed on the op's own output with the JVP and HVP columns
-// (check_op_seeded). Prints the report when it fails.
-template <class Op, class... Shapes>
-CheckReport check_op(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
-    std::size_t leaf = 0;
-    const NamedTensor leaves[] = {NamedTensor{fmt::format("x{}", leaf++), random_tensor(shapes, rng)}...};
-    CheckReport report = check_gradients([&](auto in) { return probe(op(in)); }, leaves);
+// (check_op_seeded). Prints the report.
+template <std::size_t N, class Op>
+CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+    CheckReport report;
+    {
+        Tape<double> tape;
+        const Var<double> J = probe(record_op(op, tape, values));
+        report = check_gradients(tape, J);
+    }
     BOOST_TEST_MESSAGE(report.summary());
-    std::array<Tensor<double>, sizeof...(Shapes)> values;
-    for (std::size_t l = 0; l < values.size(); ++l) values[l] = leaves[l].value;
     const CheckReport seeded = check_op_seeded(op, rng, values);
     report.passed = report.passed && seeded.passed;
     report.max_error_mp = std::max(report.max_error_mp, seeded.max_error_mp);
     return report;
+}
+
+// check_op_on with leaves of the given shapes drawn from [−1, 1].
+template <class Op, class... Shapes>
+CheckReport check_op(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
+    const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
+    return check_op_on(op, rng, values);
 }
 
 // The seeded check alone, for an op whose output has constant non-finite entries (mask: −inf at

@@ -51,26 +51,12 @@ Tensor<double> away_from_zero(Tensor<double> values) {
     return values;
 }
 
-// testing::check_op on given leaf values: the checker with the probe, and the seed on the op's own
-// output.
-template <std::size_t N, class Op>
-CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
-    NamedTensor leaves[N];
-    for (std::size_t l = 0; l < N; ++l) leaves[l] = NamedTensor{fmt::format("x{}", l), values[l]};
-    CheckReport report = check_gradients([&](auto in) { return testing::probe(op(in)); }, leaves);
-    BOOST_TEST_MESSAGE(report.summary());
-    const CheckReport seeded = testing::check_op_seeded(op, rng, values);
-    report.passed = report.passed && seeded.passed;
-    report.max_error_mp = std::max(report.max_error_mp, seeded.max_error_mp);
-    return report;
-}
-
 // check_op with the last leaf a divisor (kept away from 0, see above).
 template <class Op, class... Shapes>
 CheckReport check_op_dividing(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     std::array<Tensor<double>, sizeof...(Shapes)> values{testing::random_tensor(shapes, rng)...};
     values.back() = away_from_zero(values.back());
-    return check_op_on(op, rng, values);
+    return testing::check_op_on(op, rng, values);
 }
 
 // ---- (a) the op table ----

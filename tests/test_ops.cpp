@@ -44,6 +44,8 @@ struct LeakyMask : Mask {
         std::copy(at.G.data().begin(), at.G.data().end(), dS.data().begin());
     }
 };
+// Driven through its recorded tape, as every op of the tables: its siblings registered.
+const bool leaky_mask_registered = register_siblings<LeakyMask>();
 
 template <class V>
 V leaky_mask(const V& S) {

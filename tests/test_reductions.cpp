@@ -258,6 +258,7 @@ struct MaxGradientToLastMaximal : Max {
         }
     }
 };
+const bool max_gradient_to_last_maximal_registered = register_siblings<MaxGradientToLastMaximal>();  // driven through its recorded tape
 
 // Max whose gradient goes to EVERY maximal element of each lane. Without ties it is Max.
 struct MaxGradientToAllMaximal : Max {
@@ -275,6 +276,7 @@ struct MaxGradientToAllMaximal : Max {
         }
     }
 };
+const bool max_gradient_to_all_maximal_registered = register_siblings<MaxGradientToAllMaximal>();  // driven through its recorded tape
 
 // Max whose gradient goes to every element of the lane, as sum's does. Wrong without ties too.
 struct MaxGradientToEveryElement : Max {
@@ -284,6 +286,7 @@ struct MaxGradientToEveryElement : Max {
         SumAxis::vjp(s, at, which, dX);
     }
 };
+const bool max_gradient_to_every_element_registered = register_siblings<MaxGradientToEveryElement>();  // driven through its recorded tape
 
 // Ties: row 0 has its maximum 3 at columns 0 and 2, row 1 its maximum 5 at columns 1 and 2;
 // column 0 holds 3 twice.
@@ -368,6 +371,7 @@ struct SumAxisAlongTheWrongAxis : SumAxis {
             for (std::size_t c = 0; c < dX.cols(); ++c) dX(r, c) = at.G[s.axis == 0 ? r : c];
     }
 };
+const bool sum_axis_along_the_wrong_axis_registered = register_siblings<SumAxisAlongTheWrongAxis>();  // driven through its recorded tape
 
 // mean whose VJP forgets the 1/n: dX = G broadcast, sum_axis's VJP.
 struct MeanForgettingOneOverN : Mean {
@@ -377,6 +381,7 @@ struct MeanForgettingOneOverN : Mean {
         SumAxis::vjp(s, at, which, dX);
     }
 };
+const bool mean_forgetting_one_over_n_registered = register_siblings<MeanForgettingOneOverN>();  // driven through its recorded tape
 
 // logsumexp whose VJP uses the softmax's numerator exp(X) without the denominator.
 struct LogSumExpUnnormalised : LogSumExp {
@@ -395,6 +400,7 @@ struct LogSumExpUnnormalised : LogSumExp {
         }
     }
 };
+const bool log_sum_exp_unnormalised_registered = register_siblings<LogSumExpUnnormalised>();  // driven through its recorded tape
 
 // The correct op and its broken twin, checked on the same random leaves.
 template <class Correct, class Faulty>

@@ -385,6 +385,7 @@ struct SliceAtWrongOffset : Slice {
                          axes::around(dX.shape(), s.axis), 0, s.end - s.begin);
     }
 };
+const bool slice_at_wrong_offset_registered = register_siblings<SliceAtWrongOffset>();  // driven through its recorded tape
 
 // Permute whose VJP applies π to G instead of π⁻¹. Used on a cube (every dimension 3), where G
 // permuted by π still has X's shape, so the fault shows in the values, not as a shape mismatch.
@@ -395,6 +396,7 @@ struct PermuteForwardInVjp : Permute {
         move_axes(at.G, s, dX);
     }
 };
+const bool permute_forward_in_vjp_registered = register_siblings<PermuteForwardInVjp>();  // driven through its recorded tape
 
 // Op (a shape op or its broken twin, whose settings do not depend on the scalar type) on one
 // leaf of `shape`, through check_op.

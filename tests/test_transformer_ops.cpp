@@ -52,6 +52,7 @@ struct LayerNormWithoutVarianceTerm : LayerNorm {
         }
     }
 };
+const bool layer_norm_without_variance_term_registered = register_siblings<LayerNormWithoutVarianceTerm>();  // driven through its recorded tape
 
 struct GeluWithoutGateSlope : Gelu {
     static constexpr std::string_view name = "gelu without the gate's slope";
@@ -61,6 +62,7 @@ struct GeluWithoutGateSlope : Gelu {
         for (std::size_t k = 0; k < A.size(); ++k) dA[k] = at.G[k] * value(s.form, A[k]) / A[k];
     }
 };
+const bool gelu_without_gate_slope_registered = register_siblings<GeluWithoutGateSlope>();  // driven through its recorded tape
 
 struct LogSoftmaxWithoutNormaliser : LogSoftmax {
     static constexpr std::string_view name = "log_softmax without the normaliser's term";
@@ -69,6 +71,7 @@ struct LogSoftmaxWithoutNormaliser : LogSoftmax {
         dS = at.G;
     }
 };
+const bool log_softmax_without_normaliser_registered = register_siblings<LogSoftmaxWithoutNormaliser>();  // driven through its recorded tape
 
 struct ReluPassingGradientBelowZero : Relu {
     static constexpr std::string_view name = "relu passing G where A < 0";
@@ -77,6 +80,7 @@ struct ReluPassingGradientBelowZero : Relu {
         dA = at.G;
     }
 };
+const bool relu_passing_gradient_below_zero_registered = register_siblings<ReluPassingGradientBelowZero>();  // driven through its recorded tape
 
 bool mentions(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
 
