@@ -481,7 +481,7 @@ Document read_document(std::string_view text, const Where& where) {
     only_keys(d.root, {"format", "version", "scalar", "output", "nodes"}, where);
     if (member(d.root, "format", where) != format_name) where.fail(fmt::format("\"format\" is not \"{}\"", format_name));
     const Json& version = member(d.root, "version", where);
-    if (version != tape_file_version) {
+    if (!version.is_number_unsigned() || version != tape_file_version) {  // 1.0 is not version 1
         where.fail(fmt::format("format version {} is not supported (this library reads version {})", version.dump(),
                                tape_file_version));
     }

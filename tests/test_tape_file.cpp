@@ -165,6 +165,7 @@ BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_an
         {"bad_format.json", "\"format\" is not \"tapegrad-tape\""},
         {"bad_version.json", "format version 2 is not supported (this library reads version 1)"},
         {"bad_version_text.json", "format version \"1\" is not supported"},
+        {"bad_version_float.json", "format version 1.0 is not supported"},
         {"bad_scalar.json", "\"scalar\" \"float16\" is not \"float32\" or \"float64\""},
         {"bad_unknown_key.json", "unknown key \"comment\""},
         {"bad_no_nodes.json", "\"nodes\" is not a non-empty array"},
