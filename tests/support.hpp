@@ -173,35 +173,41 @@ CheckReport check_seeded_on_tape(const Tape<double>& tape, const Var<double>& Y,
     return report;
 }
 
-// The seeded check of `op` on given leaf values, with the second-order columns (their failures
-// are not added to the seeded failure count).
-template <std::size_t N, class Op>
-CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
-    Tape<double> tape;
-    const Var<double> Y = record_op(op, tape, values);
+// The seeded check of the op recorded as `Y` on `tape` (leaves holding `values`), with the
+// second-order columns on Y and on J, the probe of Y (invalid when Y has non-finite entries);
+// their failures are not added to the seeded failure count.
+template <std::size_t N>
+CheckReport check_seeded_with_second_order(const Tape<double>& tape, const Var<double>& Y, const Var<double>& J,
+                                           const std::array<Tensor<double>, N>& values, std::mt19937_64& rng) {
     CheckReport report = check_seeded_on_tape(tape, Y, values, rng);
-    const bool finite = std::all_of(Y.value().data().begin(), Y.value().data().end(),
-                                    [](double y) { return std::isfinite(y); });
-    const CheckReport second = check_op_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, rng);
+    const CheckReport second = check_op_second_order(tape, Y, J, rng);
     report.passed = report.passed && second.passed;
     report.max_error_mp = std::max(report.max_error_mp, second.max_error_mp);
     return report;
 }
 
+// The seeded check of `op` on given leaf values, with the second-order columns.
+template <std::size_t N, class Op>
+CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
+    Tape<double> tape;
+    const Var<double> Y = record_op(op, tape, values);
+    const bool finite = std::all_of(Y.value().data().begin(), Y.value().data().end(),
+                                    [](double y) { return std::isfinite(y); });
+    return check_seeded_with_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, values, rng);
+}
+
 // Checks `op` (a generic lambda from an array of Vars to a Var) on the given leaf values, with the
-// default (fixed) thresholds: its recorded tape through the checker with the probe J = Σ Y ∘ G
-// downstream, and by an explicit seed on the op's own output with the JVP and HVP columns
-// (check_op_seeded). Prints the report.
+// default (fixed) thresholds, all on the one tape it is recorded on: through the checker with the
+// probe J = Σ Y ∘ G downstream, and by an explicit seed on the op's own output with the JVP and
+// HVP columns. Prints the checker's report.
 template <std::size_t N, class Op>
 CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
-    CheckReport report;
-    {
-        Tape<double> tape;
-        const Var<double> J = probe(record_op(op, tape, values));
-        report = check_gradients(tape, J);
-    }
+    Tape<double> tape;
+    const Var<double> Y = record_op(op, tape, values);
+    const Var<double> J = probe(Y);
+    CheckReport report = check_gradients(tape, J);
     BOOST_TEST_MESSAGE(report.summary());
-    const CheckReport seeded = check_op_seeded(op, rng, values);
+    const CheckReport seeded = check_seeded_with_second_order(tape, Y, J, values, rng);
     report.passed = report.passed && seeded.passed;
     report.max_error_mp = std::max(report.max_error_mp, seeded.max_error_mp);
     return report;

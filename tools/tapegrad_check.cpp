@@ -102,30 +102,18 @@ struct Processes {
     int rank() const { return 0; }
 #endif
 
-    template <std::size_t N, class Graph>
-    CheckReport check(Graph graph, const NamedTensor (&leaves)[N], const CheckOptions& options, bool print_loads) {
+    // The check of `checked`: a graph and its leaves, or a recorded (loaded) tape and its J, every
+    // rank holding the same.
+    template <class... Checked>
+    CheckReport check(const CheckOptions& options, bool print_loads, const Checked&... checked) {
 #if TAPEGRAD_WITH_MPI
         std::vector<RankLoad> loads;
-        CheckReport report = check_gradients(graph, leaves, options, world, &loads);
+        CheckReport report = check_gradients(checked..., options, world, &loads);
         if (print_loads && rank() == 0) print(loads);
         return report;
 #else
         (void)print_loads;
-        return check_gradients(graph, leaves, options);
-#endif
-    }
-
-    // A recorded (loaded) tape, every rank holding the same one.
-    template <Scalar S>
-    CheckReport check(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options, bool print_loads) {
-#if TAPEGRAD_WITH_MPI
-        std::vector<RankLoad> loads;
-        CheckReport report = check_gradients(tape, J, options, world, &loads);
-        if (print_loads && rank() == 0) print(loads);
-        return report;
-#else
-        (void)print_loads;
-        return check_gradients(tape, J, options);
+        return check_gradients(checked..., options);
 #endif
     }
 
@@ -222,7 +210,7 @@ std::optional<CheckReport> check_model(Processes& processes, const Settings& s, 
         if (processes.rank() == 0) save_model_tape(s, graph, leaves);
         return std::nullopt;
     }
-    return processes.check(graph, leaves, options_of(s), s.loads);
+    return processes.check(options_of(s), s.loads, graph, leaves);
 }
 
 // --tape: the saved tape loaded (on every rank) into a tape of its scalar type and checked.
@@ -233,7 +221,7 @@ CheckReport check_loaded(Processes& processes, const Settings& s) {
     if (!s.quiet && processes.rank() == 0) {
         fmt::print(stderr, "loaded {} ({} nodes, J = {})\n", s.tape, tape.size(), to_double(J.value()[0]));
     }
-    return processes.check(tape, J, options_of(s), s.loads);
+    return processes.check(options_of(s), s.loads, tape, J);
 }
 
 CheckReport check_saved_tape(Processes& processes, const Settings& s) {
