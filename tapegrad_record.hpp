@@ -18,6 +18,7 @@
 #include "autodiff/scalar.hpp"
 #include "autodiff/tape.hpp"
 #include "autodiff/tensor.hpp"
+#include "check/audit.hpp"
 #include "check/recorded.hpp"
 #include "io/format.hpp"
 #include "io/graphviz.hpp"

@@ -1,8 +1,10 @@
 // sigmoid: the logistic function, elementwise, Y = σ(A) = 1 / (1 + e^(−A)) (gates, probabilities
 // of binary events; values in (0, 1)).
 //   A [...] -> Y [...]
-// VJP: dA = G ∘ Y ∘ (1 − Y), since σ'(a) = e^(−a) / (1 + e^(−a))² = σ(a)·(1 − σ(a)), because
-// 1 − σ(a) = e^(−a) / (1 + e^(−a)). The saved output is all it needs.
+// VJP: dA = G ∘ σ'(A), σ'(a) = e^(−a) / (1 + e^(−a))² = e^(−|a|) / (1 + e^(−|a|))² (even in a).
+// Not as Y ∘ (1 − Y): where σ saturates Y rounds to 1 and 1 − Y to 0, so that form loses every
+// digit of the derivative (in float from |a| ≈ 17 on: e^(−17) is below float's unit roundoff),
+// while e^(−|a|) keeps them all (the precision audit's fault control, tests/test_audit.cpp).
 // Stable for any |a|: e^(−|a|) is the only exponential taken, so it never overflows:
 //   a ≥ 0: σ(a) = 1 / (1 + e^(−a)),    a < 0: σ(a) = e^a / (1 + e^a).
 // In double σ(±1e4) is exactly 1 and 0 with derivative 0, never NaN; σ(±inf) = 1, 0.
@@ -34,12 +36,15 @@ struct Sigmoid {
         for (std::size_t k = 0; k < A.size(); ++k) Y[k] = logistic(A[k]);
     }
 
-    // 1 − Y cancels when Y is near 1, but its absolute error stays below the unit roundoff, and
-    // the derivative Y(1 − Y) is what is compared, on the absolute scale below 1.
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
-        const Tensor<T>& Y = at.out;
-        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * Y[k] * (1 - Y[k]);
+        using std::abs;
+        using std::exp;
+        const Tensor<T>& A = *at.in[0];
+        for (std::size_t k = 0; k < at.G.size(); ++k) {
+            const T e = exp(-abs(A[k]));
+            dA[k] = at.G[k] * (e / ((1 + e) * (1 + e)));
+        }
     }
 };
 

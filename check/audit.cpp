@@ -1,0 +1,617 @@
+// The precision audit of a recorded tape (check/audit.hpp), compiled once in the library. Its
+// stages: the tape re-run at 50 digits (the truth: values and adjoints); the low-precision run (the
+// recorded ops in the recorded precision, values and gradients kept in the storage format); each
+// node evaluated alone in low precision on exact inputs (its local error); and, for the leaves'
+// largest contributors, runs with one node in low precision and every other one exact.
+#include "check/audit.hpp"
+
+#include "autodiff/mp50.hpp"
+#include "autodiff/rerun.hpp"
+#include "io/graphviz.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace tapegrad {
+
+double round_to(Storage storage, double x) {
+    // Round to nearest, ties to even, at `bits` significant bits, with gradual underflow below
+    // 2^min_exponent and overflow to inf past the format's largest finite value.
+    const auto to_format = [x](int bits, int min_exponent, double largest) {
+        if (!std::isfinite(x) || x == 0) return x;
+        const int exponent = std::max(std::ilogb(x), min_exponent);
+        const double quantum = std::ldexp(1.0, exponent - bits + 1);
+        const double rounded = std::nearbyint(x / quantum) * quantum;  // x / quantum is exact (a power of 2)
+        return std::fabs(rounded) > largest ? std::copysign(std::numeric_limits<double>::infinity(), x) : rounded;
+    };
+    switch (storage) {
+    case Storage::recorded: return x;
+    case Storage::bfloat16: return to_format(8, -126, std::ldexp(255.0, 120));  // (2 − 2⁻⁷)·2¹²⁷
+    case Storage::float16: return to_format(11, -14, 65504.0);
+    }
+    return x;
+}
+
+namespace {
+
+// The arithmetic errors are measured in: significant bits, smallest normal exponent, unit roundoff.
+struct Precision {
+    std::string name;
+    int bits;
+    int min_exponent;
+    double u;
+};
+
+template <Scalar S>
+Precision precision_of(Storage storage) {
+    const std::string computing = std::is_same_v<S, float> ? "float32" : "float64";
+    switch (storage) {
+    case Storage::bfloat16: return {"bfloat16 (computing in " + computing + ")", 8, -126, 0x1p-8};
+    case Storage::float16: return {"float16 (computing in " + computing + ")", 11, -14, 0x1p-11};
+    case Storage::recorded: break;
+    }
+    return {computing, std::numeric_limits<S>::digits, std::numeric_limits<S>::min_exponent - 1,
+            std::ldexp(1.0, -std::numeric_limits<S>::digits)};
+}
+
+template <Scalar To, Scalar From>
+Tensor<To> convert(const Tensor<From>& x) {
+    if constexpr (std::is_same_v<To, From>) {
+        return x;
+    } else {
+        Tensor<To> out(x.shape());
+        for (std::size_t k = 0; k < x.size(); ++k) out[k] = static_cast<To>(x[k]);
+        return out;
+    }
+}
+
+// `x` (of the computing precision) as the storage format keeps it.
+template <Scalar S>
+void store(Tensor<S>& x, Storage storage) {
+    if (storage == Storage::recorded) return;
+    for (std::size_t k = 0; k < x.size(); ++k) x[k] = static_cast<S>(round_to(storage, static_cast<double>(x[k])));
+}
+
+template <Scalar S, Scalar From>
+Tensor<S> lowered(const Tensor<From>& x, Storage storage) {
+    Tensor<S> out = convert<S>(x);
+    store(out, storage);
+    return out;
+}
+
+template <Scalar T>
+std::vector<const Tensor<T>*> pointers(const std::vector<Tensor<T>>& tensors) {
+    std::vector<const Tensor<T>*> out;
+    for (const Tensor<T>& t : tensors) out.push_back(&t);
+    return out;
+}
+
+// The error of `low` against `truth`, in the given precision.
+template <Scalar L>
+AuditError measure(const Tensor<L>& low, const Tensor<mp50>& truth, const Precision& p) {
+    AuditError e;
+    e.measured = true;
+    double difference2 = 0, truth2 = 0;
+    for (std::size_t k = 0; k < low.size(); ++k) {
+        if (!std::isfinite(to_double(low[k]))) {
+            // An infinity the truth holds too (a mask's −inf) is exact; any other is a lost value.
+            if (to_double(low[k]) != to_double(truth[k])) e.finite = false;
+            continue;
+        }
+        const double d = std::fabs(to_double(mp50(low[k]) - truth[k]));
+        const double t = std::fabs(to_double(truth[k]));
+        difference2 += d * d;
+        truth2 += t * t;
+        const double relative = d == 0 ? 0 : t == 0 ? std::numeric_limits<double>::infinity() : d / t;
+        if (relative > e.worst_element) {
+            e.worst_element = relative;
+            e.worst_at = index_string(low.shape(), k);
+        }
+        const int exponent = t == 0 ? p.min_exponent : std::max(std::ilogb(t), p.min_exponent);
+        e.ulps = std::max(e.ulps, d / std::ldexp(1.0, exponent - p.bits + 1));
+    }
+    const double most = std::log10(1 / p.u);
+    if (!e.finite) {
+        e.normwise = e.in_u = e.worst_element = e.ulps = std::numeric_limits<double>::infinity();
+        e.digits_lost = most;
+        return e;
+    }
+    e.normwise = truth2 > 0 ? std::sqrt(difference2 / truth2) : std::sqrt(difference2);
+    e.in_u = e.normwise / p.u;
+    e.digits_lost = e.in_u <= 1 ? 0 : std::min(std::log10(e.in_u), most);
+    return e;
+}
+
+// The worse of two errors (by digits lost, then by normwise error).
+AuditError worse(const AuditError& a, const AuditError& b) {
+    if (!a.measured) return b;
+    if (!b.measured) return a;
+    return std::pair(b.digits_lost, b.normwise) > std::pair(a.digits_lost, a.normwise) ? b : a;
+}
+
+template <Scalar T>
+Tensor<T> not_a_number(const Shape& shape) {
+    return Tensor<T>(shape, T(std::numeric_limits<double>::quiet_NaN()));
+}
+
+using EdgeKey = std::pair<std::uint32_t, std::uint32_t>;  // (consumer node, input slot)
+
+// One run over the recorded graph with values of type W: each node either exact (its op at W, from
+// the exact tape, a re-run of the recording) or low (its op at the recorded type S, on its inputs
+// and upstream gradient converted to S, its value and its VJP's results kept in the storage
+// format). A node stores what it produces; what it reads was stored by its producers, so the
+// rounding of a value to 16 bits is laid at the node that made the value.
+template <Scalar W, Scalar S>
+struct Run {
+    Run(const Tape<S>& recorded_tape, const Tape<W>& exact_tape, const std::vector<std::uint32_t>& index,
+        std::uint32_t output_node, Storage kept_as, std::function<bool(std::uint32_t)> is_low)
+        : recorded(recorded_tape), exact(exact_tape), exact_index(index), output(output_node), storage(kept_as),
+          low(std::move(is_low)) {}
+
+    const Tape<S>& recorded;
+    const Tape<W>& exact;
+    const std::vector<std::uint32_t>& exact_index;  // node i of the recording is node exact_index[i] there
+    std::uint32_t output;
+    Storage storage;
+    std::function<bool(std::uint32_t)> low;
+
+    std::vector<Tensor<W>> values, adjoints, saved_exact;
+    std::vector<Tensor<S>> saved_low;
+    std::vector<char> has_adjoint;
+    std::map<EdgeKey, Tensor<W>> leaf_edges;  // contributions into gradient leaves, when kept
+
+    void forward() {
+        const std::size_t n = output + 1;
+        values.assign(n, {});
+        saved_exact.assign(n, {});
+        saved_low.assign(n, {});
+        for (std::uint32_t i = 0; i < n; ++i) {
+            const auto node = recorded.recorded(i);
+            const auto again = exact.recorded(exact_index[i]);
+            if (node.kind == nullptr) {
+                values[i] = low(i) ? convert<W>(lowered<S>(again.value, storage)) : again.value;
+            } else if (low(i)) {
+                const std::vector<Tensor<S>> in = low_inputs(node.inputs);
+                Tensor<S> out;
+                try {
+                    node.kind->forward(node.settings, pointers(in), out, saved_low[i]);
+                    store(out, storage);
+                    values[i] = convert<W>(out);
+                } catch (const error&) {  // an op refusing an inf or NaN upstream: its value is lost too
+                    values[i] = not_a_number<W>(again.value.shape());
+                }
+            } else {
+                again.kind->forward(again.settings, inputs(node.inputs), values[i], saved_exact[i]);
+            }
+        }
+    }
+
+    void backward(bool keep_leaf_edges) {
+        adjoints.assign(output + 1, {});
+        has_adjoint.assign(output + 1, 0);
+        adjoints[output] = Tensor<W>(values[output].shape(), W(1));
+        has_adjoint[output] = 1;
+        for (std::uint32_t i = output + 1; i-- > 0;) {
+            const auto node = recorded.recorded(i);
+            if (node.kind == nullptr || !node.requires_grad || !has_adjoint[i]) continue;
+            const std::vector<Tensor<W>> contributions = vjp(i);
+            for (std::uint32_t slot = 0; slot < node.inputs.size(); ++slot) {
+                if (!needs_gradient(node.inputs[slot])) continue;
+                accumulate(node.inputs[slot], contributions[slot]);
+                const auto input = recorded.recorded(node.inputs[slot]);
+                if (keep_leaf_edges && input.kind == nullptr) leaf_edges[{i, slot}] = contributions[slot];
+            }
+        }
+    }
+
+private:
+    bool needs_gradient(std::uint32_t i) const { return recorded.recorded(i).requires_grad; }
+
+    std::vector<const Tensor<W>*> inputs(std::span<const std::uint32_t> indices) const {
+        std::vector<const Tensor<W>*> in;
+        for (const std::uint32_t k : indices) in.push_back(&values[k]);
+        return in;
+    }
+
+    std::vector<Tensor<S>> low_inputs(std::span<const std::uint32_t> indices) const {
+        std::vector<Tensor<S>> in;
+        for (const std::uint32_t k : indices) in.push_back(convert<S>(values[k]));
+        return in;
+    }
+
+    // Node i's contribution to each of its inputs (an empty tensor where none is needed).
+    std::vector<Tensor<W>> vjp(std::uint32_t i) {
+        const auto node = recorded.recorded(i);
+        std::vector<Tensor<W>> contributions(node.inputs.size());
+        if (low(i)) {
+            const std::vector<Tensor<S>> in = low_inputs(node.inputs);
+            const Tensor<S> out = convert<S>(values[i]), G = convert<S>(adjoints[i]);
+            std::vector<Tensor<S>> grads(node.inputs.size());
+            std::vector<Tensor<S>*> slots(node.inputs.size(), nullptr);
+            for (std::size_t s = 0; s < slots.size(); ++s) {
+                if (!needs_gradient(node.inputs[s])) continue;
+                grads[s].resize(in[s].shape());
+                slots[s] = &grads[s];
+            }
+            const std::vector<const Tensor<S>*> in_pointers = pointers(in);
+            try {
+                node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved_low[i], G}, slots);
+            } catch (const error&) {
+                for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+            }
+            for (std::size_t s = 0; s < slots.size(); ++s) {
+                if (slots[s] == nullptr) continue;
+                store(grads[s], storage);
+                contributions[s] = convert<W>(grads[s]);
+            }
+        } else {
+            const auto again = exact.recorded(exact_index[i]);
+            std::vector<Tensor<W>*> slots(node.inputs.size(), nullptr);
+            for (std::size_t s = 0; s < slots.size(); ++s) {
+                if (!needs_gradient(node.inputs[s])) continue;
+                contributions[s].resize(values[node.inputs[s]].shape());
+                slots[s] = &contributions[s];
+            }
+            const std::vector<const Tensor<W>*> in = inputs(node.inputs);
+            again.kind->vjp_all(again.settings, VjpArgs<W>{in, values[i], saved_exact[i], adjoints[i]}, slots);
+        }
+        return contributions;
+    }
+
+    void accumulate(std::uint32_t target, const Tensor<W>& contribution) {
+        if (!has_adjoint[target]) {
+            adjoints[target] = contribution;
+            has_adjoint[target] = 1;
+        } else {
+            Tensor<W>& sum = adjoints[target];
+            for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += contribution[k];
+        }
+        // The low run keeps every gradient in the storage format, as it keeps values.
+        if constexpr (std::is_same_v<W, S>) {
+            if (low(target)) store(adjoints[target], storage);
+        }
+    }
+};
+
+// The 50-digit truth: the recording re-run at mp50, its values and its adjoints (by recorded index).
+struct Truth {
+    Tape<mp50> tape;
+    std::vector<Var<mp50>> nodes;
+    std::vector<std::uint32_t> index;  // recorded node i is node index[i] of `tape`
+};
+
+template <Scalar S>
+void take_truth(const Tape<S>& tape, const Var<S>& J, Truth& truth) {
+    std::vector<Var<mp50>> leaves;
+    for (const std::uint32_t i : gradient_leaves(tape, J)) {
+        const auto node = tape.recorded(i);
+        leaves.push_back(truth.tape.leaf(detail::tensor_as<mp50>(node.value), node.label));
+    }
+    const Var<mp50> J_precise = rerun(tape, J, std::span<const Var<mp50>>(leaves), &truth.nodes);
+    truth.tape.backward(J_precise);
+    for (const Var<mp50>& v : truth.nodes) truth.index.push_back(v.index());
+}
+
+// A node evaluated alone in low precision on its exact inputs and exact upstream gradient.
+template <Scalar S>
+struct LocalAudit {
+    const Tape<S>& tape;
+    const Truth& truth;
+    const Precision& precision;
+    Storage storage;
+    std::map<EdgeKey, Tensor<mp50>> true_leaf_edges;  // the exact contributions into gradient leaves
+
+    void run(std::uint32_t i, NodeAudit& audit) {
+        const auto node = tape.recorded(i);
+        const auto exact = truth.tape.recorded(truth.index[i]);
+        if (node.kind == nullptr) {  // a leaf or constant: only the storage format's rounding
+            audit.local_forward = measure(lowered<S>(exact.value, storage), exact.value, precision);
+            return;
+        }
+        std::vector<Tensor<S>> in;
+        std::vector<const Tensor<mp50>*> in_exact;
+        for (const std::uint32_t k : node.inputs) {
+            in_exact.push_back(&truth.tape.recorded(truth.index[k]).value);
+            in.push_back(convert<S>(*in_exact.back()));
+        }
+        Tensor<S> out, saved;
+        try {
+            node.kind->forward(node.settings, pointers(in), out, saved);
+        } catch (const error&) {  // the op refused what its low-precision arithmetic made (an overflow)
+            out = not_a_number<S>(exact.value.shape());
+        }
+        store(out, storage);
+        audit.local_forward = measure(out, exact.value, precision);
+        if (!node.requires_grad) return;
+        const Tensor<mp50>& G_exact = truth.nodes[i].grad();
+        Tensor<mp50> out_exact, saved_exact;
+        exact.kind->forward(exact.settings, in_exact, out_exact, saved_exact);
+        std::vector<Tensor<mp50>> grads_exact(in.size());
+        std::vector<Tensor<S>> grads(in.size());
+        std::vector<Tensor<mp50>*> slots_exact(in.size(), nullptr);
+        std::vector<Tensor<S>*> slots(in.size(), nullptr);
+        for (std::size_t s = 0; s < in.size(); ++s) {
+            if (!tape.recorded(node.inputs[s]).requires_grad) continue;
+            grads_exact[s].resize(in[s].shape());
+            grads[s].resize(in[s].shape());
+            slots_exact[s] = &grads_exact[s];
+            slots[s] = &grads[s];
+        }
+        exact.kind->vjp_all(exact.settings, VjpArgs<mp50>{in_exact, out_exact, saved_exact, G_exact}, slots_exact);
+        const Tensor<S> G = convert<S>(G_exact);
+        const std::vector<const Tensor<S>*> in_pointers = pointers(in);
+        try {
+            if (audit.local_forward.finite) node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved, G}, slots);
+            else for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+        } catch (const error&) {
+            for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+        }
+        for (std::size_t s = 0; s < in.size(); ++s) {
+            if (slots[s] == nullptr) continue;
+            store(grads[s], storage);
+            audit.local_vjp = worse(audit.local_vjp, measure(grads[s], grads_exact[s], precision));
+            if (tape.recorded(node.inputs[s]).kind == nullptr) true_leaf_edges[{i, s}] = std::move(grads_exact[s]);
+        }
+    }
+};
+
+void progress(const AuditOptions& options, std::string_view stage) {
+    if (options.progress) fmt::print(stderr, "audit_precision: {}\n", stage);
+}
+
+template <Scalar S>
+NodeAudit describe(const Tape<S>& tape, std::uint32_t i) {
+    const auto node = tape.recorded(i);
+    NodeAudit audit;
+    audit.node = i;
+    audit.op = node.kind != nullptr ? std::string(node.kind->name) : node.requires_grad ? "leaf" : "constant";
+    audit.label = std::string(node.label);
+    audit.shape = node.value.shape().to_string();
+    return audit;
+}
+
+// For each leaf, the candidate whose low precision alone moves its gradient most: one run per
+// candidate at W (double when the audited precision is float32 or 16 bits, else mp50), every
+// other node exact.
+template <Scalar W, Scalar S>
+void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vector<std::uint32_t>& exact_index,
+                       const Var<S>& J, Storage storage, const Truth& truth, const Precision& precision,
+                       std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves) {
+    std::vector<double> best(leaves.size(), -1);
+    for (const std::uint32_t c : candidates) {
+        Run<W, S> run(tape, exact, exact_index, J.index(), storage, [c](std::uint32_t i) { return i == c; });
+        run.forward();
+        run.backward(false);
+        for (LeafAudit& leaf : leaves) {
+            if (!run.has_adjoint[leaf.node]) continue;
+            const double error = measure(run.adjoints[leaf.node], truth.nodes[leaf.node].grad(), precision).normwise;
+            const std::size_t at = static_cast<std::size_t>(&leaf - leaves.data());
+            if (error > best[at]) {
+                best[at] = error;
+                leaf.top_contributor = c;
+                leaf.top_contributor_op = describe(tape, c).op;
+                leaf.top_contributor_share = leaf.gradient.normwise > 0 ? error / leaf.gradient.normwise : 0;
+            }
+        }
+    }
+}
+
+template <Scalar S>
+PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    if (!tape.holds(J)) {
+        throw usage_error("audit_precision: J is not a value of this tape (another tape's, or from before a clear())");
+    }
+    if (J.value().size() != 1) {
+        throw shape_error(fmt::format("audit_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
+    }
+    const Precision precision = precision_of<S>(options.storage);
+    PrecisionAudit result;
+    result.precision = precision.name;
+    result.unit_roundoff = precision.u;
+
+    progress(options, "re-running the tape at 50 digits (values and adjoints)");
+    Truth truth;
+    take_truth(tape, J, truth);
+
+    progress(options, fmt::format("the {} run", precision.name));
+    std::vector<std::uint32_t> identity(J.index() + 1);
+    for (std::uint32_t i = 0; i <= J.index(); ++i) identity[i] = i;
+    Run<S, S> low(tape, tape, identity, J.index(), options.storage, [](std::uint32_t) { return true; });
+    low.forward();
+    low.backward(true);
+
+    progress(options, "each node alone on exact inputs");
+    LocalAudit<S> local{tape, truth, precision, options.storage, {}};
+    std::vector<NodeAudit> nodes;
+    result.inputs.resize(J.index() + 1);
+    for (std::uint32_t i = 0; i <= J.index(); ++i) {
+        const auto node = tape.recorded(i);
+        result.inputs[i].assign(node.inputs.begin(), node.inputs.end());
+        NodeAudit audit = describe(tape, i);
+        audit.value = measure(low.values[i], truth.tape.recorded(truth.index[i]).value, precision);
+        if (node.requires_grad && low.has_adjoint[i]) audit.adjoint = measure(low.adjoints[i], truth.nodes[i].grad(), precision);
+        local.run(i, audit);
+        audit.local_digits = std::max(audit.local_forward.digits_lost, audit.local_vjp.digits_lost);
+        audit.local_in_u = std::max(audit.local_forward.in_u, audit.local_vjp.in_u);
+        nodes.push_back(std::move(audit));
+    }
+
+    for (const std::uint32_t i : gradient_leaves(tape, J)) {
+        LeafAudit leaf;
+        leaf.node = i;
+        leaf.name = tape.recorded(i).label.empty() ? fmt::format("leaf {}", i) : std::string(tape.recorded(i).label);
+        if (low.has_adjoint[i]) leaf.gradient = measure(low.adjoints[i], truth.nodes[i].grad(), precision);
+        std::vector<BranchAudit> branches;
+        for (const auto& [edge, contribution] : low.leaf_edges) {
+            if (tape.recorded(edge.first).inputs[edge.second] != i) continue;
+            const auto exact = local.true_leaf_edges.find(edge);
+            if (exact == local.true_leaf_edges.end()) continue;
+            branches.push_back({edge.first, edge.second, describe(tape, edge.first).op, measure(contribution, exact->second, precision)});
+        }
+        if (branches.size() > 1) leaf.branches = std::move(branches);
+        result.leaves.push_back(std::move(leaf));
+    }
+
+    // Ranked by the local error in units of u (the digits lost, not clipped at 0: below one u the
+    // order still says where the rounding is, as for a constant kept in bfloat16).
+    std::stable_sort(nodes.begin(), nodes.end(), [](const NodeAudit& a, const NodeAudit& b) { return a.local_in_u > b.local_in_u; });
+    std::vector<std::uint32_t> candidates;
+    for (const NodeAudit& n : nodes) {
+        if (candidates.size() == options.contributor_candidates || !(n.local_in_u > 0)) break;
+        candidates.push_back(n.node);
+    }
+    progress(options, fmt::format("{} runs with one node in low precision", candidates.size()));
+    if (precision.u >= 0x1p-30) {  // float32 or 16 bits: double is exact enough to hold the rest
+        Tape<double> exact;
+        std::vector<Var<double>> leaves, mapped;
+        for (const std::uint32_t i : gradient_leaves(tape, J)) leaves.push_back(exact.leaf(detail::tensor_as<double>(tape.recorded(i).value)));
+        (void)rerun(tape, J, std::span<const Var<double>>(leaves), &mapped);
+        std::vector<std::uint32_t> index;
+        for (const Var<double>& v : mapped) index.push_back(v.index());
+        find_contributors(tape, exact, index, J, options.storage, truth, precision, candidates, result.leaves);
+    } else {
+        find_contributors(tape, truth.tape, truth.index, J, options.storage, truth, precision, candidates, result.leaves);
+    }
+    result.nodes = std::move(nodes);
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return result;
+}
+
+// A number for the table: "inf" where not finite.
+std::string number(double x, std::string_view format = "{:.2g}") {
+    return std::isfinite(x) ? fmt::format(fmt::runtime(format), x) : std::string("inf");
+}
+
+std::string json_number(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : std::string("null"); }
+
+std::string json_string(std::string_view text) {
+    std::string out = "\"";
+    for (const char c : text) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) < 0x20) {
+            out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+            continue;
+        }
+        out += c;
+    }
+    return out + "\"";
+}
+
+std::string json_error(const AuditError& e) {
+    if (!e.measured) return "null";
+    return fmt::format("{{\"normwise\": {}, \"worst_element\": {}, \"worst_at\": {}, \"ulps\": {}, \"in_u\": {}, "
+                       "\"digits_lost\": {}, \"finite\": {}}}",
+                       json_number(e.normwise), json_number(e.worst_element), json_string(e.worst_at),
+                       json_number(e.ulps), json_number(e.in_u), json_number(e.digits_lost), e.finite);
+}
+
+std::string digits(const AuditError& e) { return e.measured ? fmt::format("{:.1f}", e.digits_lost) : std::string("-"); }
+
+}  // namespace
+
+const NodeAudit& PrecisionAudit::worst() const {
+    if (nodes.empty()) throw usage_error("PrecisionAudit::worst: the audit holds no node");
+    return nodes.front();
+}
+
+std::string PrecisionAudit::table(std::size_t rows) const {
+    std::string text = fmt::format("precision audit, {} (u = {:.3g}), {} nodes, {:.2f} s\n", precision, unit_roundoff,
+                                   nodes.size(), seconds);
+    text += "digits lost, ranked by the node's own error (local: the node alone on exact inputs and gradient)\n";
+    text += fmt::format("{:>5} {:>6}  {:<14} {:<18} {:<16} {:>8} {:>8} {:>8} {:>8}\n", "rank", "node", "op", "label",
+                        "shape", "local f", "local b", "value", "adjoint");
+    for (std::size_t r = 0; r < std::min(rows, nodes.size()); ++r) {
+        const NodeAudit& n = nodes[r];
+        text += fmt::format("{:>5} {:>6}  {:<14} {:<18} {:<16} {:>8} {:>8} {:>8} {:>8}{}\n", r + 1, n.node, n.op, n.label,
+                            n.shape, digits(n.local_forward), digits(n.local_vjp), digits(n.value), digits(n.adjoint),
+                            n.value.finite && n.local_forward.finite && n.local_vjp.finite ? "" : "  (inf/NaN)");
+    }
+    text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
+    for (const LeafAudit& leaf : leaves) {
+        const std::string top = leaf.top_contributor_op.empty()
+                                    ? std::string("none (no node loses a digit)")
+                                    : fmt::format("node {} ({}), {:.0f}% alone", leaf.top_contributor,
+                                                  leaf.top_contributor_op, 100 * leaf.top_contributor_share);
+        text += fmt::format("  {:<18} {:>9} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
+                            number(leaf.gradient.normwise), number(leaf.gradient.worst_element), leaf.gradient.worst_at,
+                            number(leaf.gradient.ulps, "{:.3g}"), digits(leaf.gradient), top);
+        for (const BranchAudit& b : leaf.branches) {
+            text += fmt::format("      branch via node {} ({}, input {}): normwise {}, {} digits\n", b.consumer, b.op,
+                                b.slot, number(b.error.normwise), digits(b.error));
+        }
+    }
+    return text;
+}
+
+std::string PrecisionAudit::json() const {
+    std::string text = fmt::format("{{\"precision\": {}, \"unit_roundoff\": {}, \"seconds\": {},\n \"nodes\": [",
+                                   json_string(precision), json_number(unit_roundoff), json_number(seconds));
+    for (std::size_t r = 0; r < nodes.size(); ++r) {
+        const NodeAudit& n = nodes[r];
+        text += fmt::format("{}\n  {{\"rank\": {}, \"node\": {}, \"op\": {}, \"label\": {}, \"shape\": {}, "
+                            "\"local_digits\": {}, \"local_in_u\": {}, \"local_forward\": {}, \"local_vjp\": {}, \"value\": {}, \"adjoint\": {}}}",
+                            r == 0 ? "" : ",", r + 1, n.node, json_string(n.op), json_string(n.label), json_string(n.shape),
+                            json_number(n.local_digits), json_number(n.local_in_u), json_error(n.local_forward), json_error(n.local_vjp),
+                            json_error(n.value), json_error(n.adjoint));
+    }
+    text += "],\n \"leaves\": [";
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+        const LeafAudit& leaf = leaves[l];
+        std::string branches;
+        for (const BranchAudit& b : leaf.branches) {
+            branches += fmt::format("{}{{\"consumer\": {}, \"slot\": {}, \"op\": {}, \"error\": {}}}",
+                                    branches.empty() ? "" : ", ", b.consumer, b.slot, json_string(b.op), json_error(b.error));
+        }
+        text += fmt::format("{}\n  {{\"node\": {}, \"name\": {}, \"gradient\": {}, \"top_contributor\": {}, "
+                            "\"top_contributor_op\": {}, \"top_contributor_share\": {}, \"branches\": [{}]}}",
+                            l == 0 ? "" : ",", leaf.node, json_string(leaf.name), json_error(leaf.gradient),
+                            leaf.top_contributor, json_string(leaf.top_contributor_op),
+                            json_number(leaf.top_contributor_share), branches);
+    }
+    return text + "]}\n";
+}
+
+std::string PrecisionAudit::dot() const {
+    std::map<std::uint32_t, const NodeAudit*> by_index;
+    for (const NodeAudit& n : nodes) by_index[n.node] = &n;
+    const double most = std::log10(1 / unit_roundoff);
+    std::string text = fmt::format("digraph \"precision audit\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\", "
+                                   "style=filled];\n  label=\"{}: local digits lost, white none, red all\";\n", precision);
+    for (const auto& [i, n] : by_index) {
+        // White to red as the share of the digits lost grows: green and blue fall together.
+        const int shade = static_cast<int>(std::lround(255 * (1 - std::clamp(n->local_digits / most, 0.0, 1.0))));
+        std::string label = n->op;
+        if (!n->label.empty()) label += " " + n->label;
+        label += fmt::format("\n{}\n{:.1f} digits", n->shape, n->local_digits);
+        text += fmt::format("  n{} [label=\"{}\", shape={}, fillcolor=\"#ff{:02x}{:02x}\"];\n", i, dot_escape(label),
+                            n->op == "leaf" || n->op == "constant" ? "box" : "ellipse", shade, shade);
+        const std::vector<std::uint32_t>& in = inputs[i];
+        for (std::size_t slot = 0; slot < in.size(); ++slot) {
+            text += fmt::format("  n{} -> n{}{};\n", in[slot], i, in.size() > 1 ? fmt::format(" [label=\"{}\"]", slot) : "");
+        }
+    }
+    return text + "}\n";
+}
+
+PrecisionAudit audit_precision(const Tape<float>& tape, const Var<float>& J, const AuditOptions& options) {
+    return audit(tape, J, options);
+}
+
+PrecisionAudit audit_precision(const Tape<double>& tape, const Var<double>& J, const AuditOptions& options) {
+    return audit(tape, J, options);
+}
+
+}  // namespace tapegrad

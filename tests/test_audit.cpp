@@ -1,0 +1,389 @@
+// The precision audit (check/audit.hpp): its per-leaf errors agree with an independent float64
+// reference on the same float32 inputs; the storage formats round as IEEE's binary16 and bfloat16
+// do; and the fault controls (the layer norm's variance as E[x²] − E[x]², softmax and logsumexp
+// without the max shift, sigmoid's derivative from its saturated output, an exp whose VJP reads its
+// output rounded too early) are each ranked first, by at least 2 digits more than the correct op.
+#define BOOST_TEST_MODULE audit
+#include "support.hpp"
+
+#include "check/audit.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+
+using namespace tapegrad;
+using tapegrad::testing::random_tensor;
+
+namespace {
+
+// ---- the fault controls: test-only variants of library ops, each wrong in its arithmetic only ----
+
+// σ² = E[x²] − E[x]²: two large numbers that cancel when the mean is large against the spread.
+struct LayerNormNaiveVariance : LayerNorm {
+    static constexpr std::string_view name = "layer_norm with E[x²] − E[x]²";
+    template <Scalar T>
+    static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>& saved) {
+        using std::sqrt;
+        const Tensor<T>& X = *in[0];
+        const std::size_t D = X.cols(), N = X.size() / D;
+        Y.resize(X.shape());
+        saved.resize(Shape{N * D + N});
+        for (std::size_t n = 0; n < N; ++n) {
+            T mean(0), square(0);
+            for (std::size_t j = 0; j < D; ++j) {
+                mean += X[n * D + j];
+                square += X[n * D + j] * X[n * D + j];
+            }
+            mean /= T(D);
+            square /= T(D);
+            const T r = T(1) / T(sqrt(T(square - mean * mean + s.epsilon)));
+            saved[N * D + n] = r;
+            for (std::size_t j = 0; j < D; ++j) {
+                saved[n * D + j] = (X[n * D + j] - mean) * r;
+                Y[n * D + j] = (*in[1])[j] * saved[n * D + j] + (*in[2])[j];
+            }
+        }
+    }
+};
+
+// softmax as e^s / Σ e^s: overflows where the shifted form cannot.
+struct SoftmaxWithoutShift : Softmax {
+    static constexpr std::string_view name = "softmax without the max shift";
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& A, Tensor<T>&) {
+        using std::exp;
+        const Tensor<T>& S = *in[0];
+        A.resize(S.shape());
+        const std::size_t n = S.cols();
+        for (std::size_t r = 0; r < S.size() / n; ++r) {
+            T total(0);
+            for (std::size_t j = 0; j < n; ++j) total += A[r * n + j] = exp(S[r * n + j]);
+            for (std::size_t j = 0; j < n; ++j) A[r * n + j] /= total;
+        }
+    }
+};
+
+// log Σ e^x along the last axis (W: the weights), without the shift.
+struct LogSumExpWithoutShift : LogSumExp {
+    static constexpr std::string_view name = "logsumexp without the max shift";
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>& W) {
+        using std::exp;
+        using std::log;
+        const Tensor<T>& X = *in[0];
+        const std::size_t n = X.cols();
+        out.resize(Shape{X.size() / n});
+        W.resize(X.shape());
+        for (std::size_t r = 0; r < X.size() / n; ++r) {
+            T total(0);
+            for (std::size_t j = 0; j < n; ++j) total += W[r * n + j] = exp(X[r * n + j]);
+            out[r] = log(total);
+            for (std::size_t j = 0; j < n; ++j) W[r * n + j] /= total;
+        }
+    }
+};
+
+// σ' as Y(1 − Y) from the rounded output (the library's op takes e^(−|a|) from its input).
+struct SigmoidFromOutput : Sigmoid {
+    static constexpr std::string_view name = "sigmoid with Y(1 − Y)";
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * at.out[k] * (1 - at.out[k]);
+    }
+};
+
+// The value a VJP reads, saved one storage type smaller than the op computes in (float's in
+// bfloat16, double's in float, mp50's in double): the saved-intermediate class, an activation kept
+// small to save memory. Exact arithmetic is still far finer than float (the 50-digit truth reads a
+// double: 1e-16 relative), so the audit sees float's VJP lose what bfloat16 drops.
+template <Scalar T>
+T saved_one_type_smaller(const T& y) {
+    if constexpr (std::is_same_v<T, float>) {
+        return T(round_to(Storage::bfloat16, y));
+    } else if constexpr (std::is_same_v<T, double>) {
+        return T(static_cast<float>(y));
+    } else {
+        return T(to_double(y));
+    }
+}
+
+struct ExpSavedOneTypeSmaller : Exp {
+    static constexpr std::string_view name = "exp saving Y one type smaller";
+    template <Scalar T>
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>& saved) {
+        Exp::forward(s, in, Y, saved);
+        saved = Y;
+        for (std::size_t k = 0; k < Y.size(); ++k) saved[k] = saved_one_type_smaller(Y[k]);
+    }
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * at.saved[k];
+    }
+};
+
+const bool faults_registered = register_siblings<LayerNormNaiveVariance>() && register_siblings<SoftmaxWithoutShift>() &&
+                               register_siblings<LogSumExpWithoutShift>() && register_siblings<SigmoidFromOutput>() &&
+                               register_siblings<ExpSavedOneTypeSmaller>();
+
+Tensor<float> float_tensor(const Shape& shape, std::mt19937_64& rng, double low, double high) {
+    std::uniform_real_distribution<double> uniform(low, high);
+    Tensor<float> t(shape);
+    for (float& x : t.data()) x = static_cast<float>(uniform(rng));
+    return t;
+}
+
+// J = Σ Y ∘ C with C > 0: no cancellation in the probe itself, so what the audit ranks first is
+// the op under test, not the sum.
+Var<float> positive_probe(const Var<float>& Y, std::mt19937_64& rng) {
+    return sum(mul(Y, Y.tape().constant(float_tensor(Y.shape(), rng, 0.5, 1.5), "C")));
+}
+
+struct FaultCase {
+    std::string name;
+    std::string_view correct_op, faulty_op;
+    // Records the graph on `tape` (with the faulty op when asked) and returns J.
+    std::function<Var<float>(Tape<float>& tape, bool faulty)> graph;
+};
+
+const std::vector<FaultCase> fault_cases = {
+    {"layer norm, variance as E[x²] − E[x]², rows of mean 1000", "layer_norm", LayerNormNaiveVariance::name,
+     [](Tape<float>& tape, bool faulty) {
+         std::mt19937_64 rng(11);
+         const auto X = tape.leaf(float_tensor(Shape{6, 16}, rng, 998, 1002), "X");
+         const auto g = tape.leaf(float_tensor(Shape{16}, rng, 0.5, 1.5), "gain");
+         const auto b = tape.leaf(float_tensor(Shape{16}, rng, -0.5, 0.5), "bias");
+         const Var<float> Y = faulty ? tape.record<LayerNormNaiveVariance>({X, g, b}, LayerNorm::Settings<float>{1e-5f})
+                                     : layer_norm(X, g, b);
+         return positive_probe(mul(Y, Y), rng);  // Y² > 0; Σ Y² alone would not depend on X
+     }},
+    // Scores near −100: e^s is below float's smallest normal number (1.2e-38), a subnormal with a
+    // few bits left, where e^(s − max) is near 1. (Scores near +89 overflow instead, which the tape
+    // refuses at once as a NaN output: the silent case is underflow.)
+    {"softmax without the max shift, scores near -100", "softmax", SoftmaxWithoutShift::name,
+     [](Tape<float>& tape, bool faulty) {
+         std::mt19937_64 rng(12);
+         const auto S = tape.leaf(float_tensor(Shape{4, 8}, rng, -104, -96), "S");
+         return positive_probe(faulty ? tape.record<SoftmaxWithoutShift>({S}) : softmax(S), rng);
+     }},
+    {"logsumexp without the max shift, scores near -100", "logsumexp", LogSumExpWithoutShift::name,
+     [](Tape<float>& tape, bool faulty) {
+         std::mt19937_64 rng(13);
+         const auto X = tape.leaf(float_tensor(Shape{4, 8}, rng, -104, -96), "X");
+         return positive_probe(faulty ? tape.record<LogSumExpWithoutShift>({X}, reduction::Settings{1, false})
+                                      : logsumexp(X, 1),
+                               rng);
+     }},
+    {"sigmoid's derivative from its saturated output, inputs 17 to 25", "sigmoid", SigmoidFromOutput::name,
+     [](Tape<float>& tape, bool faulty) {
+         std::mt19937_64 rng(14);
+         const auto A = tape.leaf(float_tensor(Shape{4, 8}, rng, 17, 25), "A");
+         return positive_probe(faulty ? tape.record<SigmoidFromOutput>({A}) : sigmoid(A), rng);
+     }},
+    {"exp whose VJP reads its output saved one type smaller", "exp", ExpSavedOneTypeSmaller::name,
+     [](Tape<float>& tape, bool faulty) {
+         std::mt19937_64 rng(15);
+         const auto A = tape.leaf(float_tensor(Shape{4, 8}, rng, -1, 1), "A");
+         return positive_probe(faulty ? tape.record<ExpSavedOneTypeSmaller>({A}) : exp(A), rng);
+     }},
+};
+
+const NodeAudit& node_of_op(const PrecisionAudit& audit, std::string_view op) {
+    for (const NodeAudit& n : audit.nodes) {
+        if (n.op == op) return n;
+    }
+    throw std::runtime_error(fmt::format("no node of op '{}' in the audit", op));
+}
+
+// The held-out graph: layer norm → causal attention → W_O → GELU → residual → logsumexp.
+template <Scalar T>
+struct HeldOut {
+    std::vector<Var<T>> leaves;
+    Var<T> J;
+};
+
+template <Scalar T>
+HeldOut<T> held_out_graph(Tape<T>& tape, const std::vector<Tensor<float>>& values) {
+    HeldOut<T> graph;
+    for (const char* name : {"X", "gain", "bias", "W_Q", "W_K", "W_V", "W_O"}) {
+        graph.leaves.push_back(tape.leaf(tensor_cast<T>(values[graph.leaves.size()]), name));
+    }
+    const std::vector<Var<T>>& in = graph.leaves;
+    // ε and the attention scale 1/√d = 1/4 exact in float: the float tape's settings are the
+    // double tape's, so both tapes compute one function (the reference differs by arithmetic only).
+    const Var<T> H = layer_norm(in[0], in[1], in[2], LayerNormSettings{.epsilon = static_cast<double>(1e-5f)});
+    const AttentionResult<T> attention = causal_attention(H, in[3], in[4], in[5]);
+    const Var<T> R = add(in[0], gelu(matmul(attention.O, in[6])));
+    graph.J = sum(logsumexp(R, 1));
+    return graph;
+}
+
+std::vector<Tensor<float>> held_out_values(std::size_t T, std::size_t D, std::size_t d, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    return {float_tensor(Shape{T, D}, rng, -2, 2),   float_tensor(Shape{D}, rng, 0.5, 1.5),
+            float_tensor(Shape{D}, rng, -0.5, 0.5),  float_tensor(Shape{D, d}, rng, -0.5, 0.5),
+            float_tensor(Shape{D, d}, rng, -0.5, 0.5), float_tensor(Shape{D, d}, rng, -0.5, 0.5),
+            float_tensor(Shape{d, D}, rng, -0.5, 0.5)};
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(storage_formats_round_as_ieee_and_bfloat16) {
+    BOOST_TEST(faults_registered);
+    // bfloat16: 8 significant bits. 1 + 2⁻⁸ is halfway between 1 and 1 + 2⁻⁷: ties to even (1).
+    BOOST_TEST(round_to(Storage::bfloat16, 1 + 0x1p-8) == 1.0);
+    BOOST_TEST(round_to(Storage::bfloat16, 1 + 3 * 0x1p-8) == 1 + 0x1p-6);
+    BOOST_TEST(round_to(Storage::bfloat16, 3.0e38) == std::ldexp(226.0, 120));  // 3e38 / 2¹²⁰ = 225.7: float's range
+    BOOST_TEST(std::isinf(round_to(Storage::bfloat16, 3.5e38)));
+    // binary16: 11 bits, largest 65504, subnormals down to 2⁻²⁴.
+    BOOST_TEST(round_to(Storage::float16, 65519.0) == 65504.0);
+    BOOST_TEST(std::isinf(round_to(Storage::float16, 65520.0)));
+    BOOST_TEST(round_to(Storage::float16, 0x1p-25) == 0.0);           // a tie between 0 and 2⁻²⁴: even
+    BOOST_TEST(round_to(Storage::float16, 3 * 0x1p-26) == 0x1p-24);
+    BOOST_TEST(round_to(Storage::float16, 1 + 0x1p-11) == 1.0);
+    BOOST_TEST(round_to(Storage::float16, -(1 + 3 * 0x1p-11)) == -(1 + 0x1p-9));
+    BOOST_TEST(round_to(Storage::recorded, 0.1) == 0.1);
+    BOOST_TEST(std::isnan(round_to(Storage::float16, std::nan(""))));
+}
+
+// Independent reference: the same float32 inputs on a Tape<double>, backward, and the float tape's
+// own backward; ‖g_float − g_double‖ / ‖g_double‖ per leaf. The double gradient's own error is
+// about 1e-16 relative, 1e-9 of the float error measured (1e-7), so the two must agree far better
+// than the 2 significant digits asked; 1e-3 relative is the bound, fixed before the run.
+BOOST_AUTO_TEST_CASE(leaf_errors_agree_with_a_float64_reference) {
+    for (const std::size_t T : {16u, 48u}) {
+        const std::vector<Tensor<float>> values = held_out_values(T, 16, 16, 100 + T);
+        Tape<float> tape;
+        const HeldOut<float> graph = held_out_graph(tape, values);
+        const PrecisionAudit audit = audit_precision(tape, graph.J);
+        tape.backward(graph.J);
+        Tape<double> reference;
+        const HeldOut<double> exact = held_out_graph(reference, values);
+        reference.backward(exact.J);
+        BOOST_TEST_MESSAGE(audit.table(8));
+        BOOST_TEST_REQUIRE(audit.leaves.size() == graph.leaves.size());
+        for (std::size_t l = 0; l < graph.leaves.size(); ++l) {
+            const Tensor<float>& g = graph.leaves[l].grad();
+            const Tensor<double>& g_exact = exact.leaves[l].grad();
+            double difference2 = 0, exact2 = 0;
+            for (std::size_t k = 0; k < g.size(); ++k) {
+                difference2 += (g[k] - g_exact[k]) * (g[k] - g_exact[k]);
+                exact2 += g_exact[k] * g_exact[k];
+            }
+            const double reference_error = std::sqrt(difference2 / exact2);
+            const LeafAudit& leaf = audit.leaves[l];
+            BOOST_TEST_MESSAGE(fmt::format("T = {:2} {:<5} audit {:.4e}, float64 reference {:.4e}", T, leaf.name,
+                                           leaf.gradient.normwise, reference_error));
+            BOOST_TEST(leaf.name == tape.recorded(graph.leaves[l].index()).label);
+            BOOST_TEST(reference_error > 0);  // float32 gradients are not exact: there is something to measure
+            BOOST_TEST(std::fabs(leaf.gradient.normwise - reference_error) <= 1e-3 * reference_error, leaf.name);
+        }
+    }
+}
+
+// Each fault control ranked first, by at least 2 digits more than the correct op on the same inputs.
+BOOST_AUTO_TEST_CASE(fault_controls_are_ranked_first_by_two_digits) {
+    for (const FaultCase& c : fault_cases) {
+        Tape<float> correct_tape, faulty_tape;
+        const Var<float> J_correct = c.graph(correct_tape, false);
+        const Var<float> J_faulty = c.graph(faulty_tape, true);
+        const PrecisionAudit correct = audit_precision(correct_tape, J_correct);
+        const PrecisionAudit faulty = audit_precision(faulty_tape, J_faulty);
+        const NodeAudit& good = node_of_op(correct, c.correct_op);
+        const NodeAudit& bad = node_of_op(faulty, c.faulty_op);
+        BOOST_TEST_MESSAGE(fmt::format("{}: correct op loses {:.2f} digits, faulty op {:.2f} (forward {:.2f}, VJP {:.2f}); "
+                                       "ranked first: {}",
+                                       c.name, good.local_digits, bad.local_digits, bad.local_forward.digits_lost,
+                                       bad.local_vjp.digits_lost, faulty.worst().op));
+        BOOST_TEST(faulty.worst().node == bad.node, c.name << ": ranked first is " << faulty.worst().op);
+        BOOST_TEST(bad.local_digits >= good.local_digits + 2, c.name);
+    }
+}
+
+// bfloat16 storage on J = Σ x ∘ C: x's gradient is C rounded to bfloat16 (each element within u =
+// 2⁻⁸, relative; normwise likewise, and well above 0 for random C). Two nodes round it, each alone
+// making the whole error: the constant C, stored in bfloat16, and the mul, whose VJP's result G·C is
+// stored so (rounding is idempotent: both at once is one rounding). Recorded float32: the gradient
+// is exact (a product by G = 1), so the same audit must measure 0.
+BOOST_AUTO_TEST_CASE(bfloat16_storage_lays_the_error_where_the_rounding_is) {
+    std::mt19937_64 rng(21);
+    Tape<float> tape;
+    const auto x = tape.leaf(float_tensor(Shape{8, 8}, rng, -1, 1), "x");
+    const auto C = tape.constant(float_tensor(Shape{8, 8}, rng, 0.5, 1.5), "C");
+    const Var<float> J = sum(mul(x, C));
+    const PrecisionAudit recorded = audit_precision(tape, J);
+    BOOST_TEST(recorded.leaves.at(0).gradient.normwise == 0.0);
+    const PrecisionAudit bf16 = audit_precision(tape, J, {.storage = Storage::bfloat16});
+    BOOST_TEST_MESSAGE(bf16.table());
+    const AuditError& e = bf16.leaves.at(0).gradient;
+    BOOST_TEST(bf16.unit_roundoff == 0x1p-8);
+    BOOST_TEST(e.normwise > 0.05 * 0x1p-8);
+    BOOST_TEST(e.normwise <= 0x1p-8);
+    BOOST_TEST(e.worst_element <= 0x1p-8);
+    BOOST_TEST(e.ulps <= 0.5);  // rounding to nearest: at most half a unit in the last place
+    const LeafAudit& leaf = bf16.leaves.at(0);
+    BOOST_TEST((leaf.top_contributor == C.index() || leaf.top_contributor == C.index() + 1));  // C or the mul
+    BOOST_TEST(leaf.top_contributor_share == 1.0, boost::test_tools::tolerance(1e-9));
+    const PrecisionAudit f16 = audit_precision(tape, J, {.storage = Storage::float16});
+    BOOST_TEST(f16.leaves.at(0).gradient.normwise <= 0x1p-11);
+    BOOST_TEST(f16.leaves.at(0).gradient.normwise < e.normwise);
+}
+
+// A double tape is audited against the same 50-digit truth: the held-out graph loses a few of
+// double's digits at most (each leaf's gradient below 1e-13 relative: 2⁻⁵³ ≈ 1.1e-16 times a
+// condition of at most 10³ on these well-scaled inputs), and the ranking holds its nodes.
+BOOST_AUTO_TEST_CASE(double_tapes_are_audited_at_double_precision) {
+    const std::vector<Tensor<float>> values = held_out_values(8, 8, 4, 7);
+    Tape<double> tape;
+    const HeldOut<double> graph = held_out_graph(tape, values);
+    const PrecisionAudit audit = audit_precision(tape, graph.J);
+    BOOST_TEST(audit.precision == "float64");
+    BOOST_TEST(audit.unit_roundoff == 0x1p-53);
+    BOOST_TEST(audit.nodes.size() == graph.J.index() + 1);
+    for (const LeafAudit& leaf : audit.leaves) {
+        BOOST_TEST(leaf.gradient.measured);
+        BOOST_TEST(leaf.gradient.normwise < 1e-13, leaf.name);
+    }
+}
+
+// The three outputs: the table names the worst node first, the JSON parses and holds every node
+// (a non-finite error as null, never as NaN text), the DOT picture fills each node by its error.
+BOOST_AUTO_TEST_CASE(table_json_and_dot) {
+    // A value lost to overflow, reported as such: e^11 to e^12 (6e4 to 1.6e5) kept in float16,
+    // whose largest finite value is 65504, is inf where the truth is finite.
+    Tape<float> tape;
+    std::mt19937_64 rng(31);
+    const auto A = tape.leaf(float_tensor(Shape{3, 4}, rng, 11, 12), "A");
+    const Var<float> J = positive_probe(exp(A), rng);
+    const PrecisionAudit audit = audit_precision(tape, J, {.storage = Storage::float16});
+    const std::string table = audit.table();
+    BOOST_TEST_MESSAGE(table);
+    BOOST_TEST(audit.worst().op == "exp");
+    BOOST_TEST(table.find("(inf/NaN)") != std::string::npos);
+    const nlohmann::json json = nlohmann::json::parse(audit.json());
+    BOOST_TEST(json.at("nodes").size() == audit.nodes.size());
+    BOOST_TEST(json.at("nodes").at(0).at("op") == "exp");
+    BOOST_TEST(json.at("nodes").at(0).at("local_forward").at("finite") == false);
+    BOOST_TEST(json.at("nodes").at(0).at("local_forward").at("normwise").is_null());
+    BOOST_TEST(json.at("leaves").at(0).at("name") == "A");
+    const std::string dot = audit.dot();
+    BOOST_TEST(dot.find("fillcolor=\"#ff0000\"") != std::string::npos);  // every digit lost: red
+    std::size_t filled = 0;
+    for (std::size_t at = dot.find("fillcolor"); at != std::string::npos; at = dot.find("fillcolor", at + 1)) ++filled;
+    BOOST_TEST(filled == audit.nodes.size());
+}
+
+BOOST_AUTO_TEST_CASE(misuse_is_refused_by_name) {
+    Tape<float> tape, other;
+    const auto x = tape.leaf(Tensor<float>(Shape{2, 2}, 1.0f), "x");
+    const Var<float> Y = exp(x);
+    const auto message = [](const std::string& expected) {
+        return [expected](const error& e) { return std::string(e.what()).find(expected) != std::string::npos; };
+    };
+    BOOST_CHECK_EXCEPTION(audit_precision(tape, Y), shape_error, message("audit_precision: J must hold one element"));
+    const Var<float> J_other = sum(other.leaf(Tensor<float>(Shape{2}, 1.0f)));
+    BOOST_CHECK_EXCEPTION(audit_precision(tape, J_other), usage_error, message("audit_precision: J is not a value of this tape"));
+}
