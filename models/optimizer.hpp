@@ -13,6 +13,14 @@
 //   m ← β1·m + (1−β1)·g,   v ← β2·v + (1−β2)·g²
 //   θ ← θ − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)
 // The bias corrections undo m's and v's pull towards their zero start in the first steps.
+//
+// Precision (BasicAdam<T>, T = double or float; Adam is BasicAdam<double>): as PyTorch trains a
+// float32 model, the parameters, the gradients and the moments m and v are T, and every per-entry
+// operation above is done in T. The per-step scalars (lr, the bias corrections 1 − β^t and their
+// root, lr / (1 − β1^t), 1 − lr·λ, 1 − β) are computed in double, as PyTorch computes them in
+// Python floats, and rounded to T once where they meet the tensors (PyTorch's CPU kernels round a
+// Python scalar to the tensor's type). At T = double nothing is rounded, and the update is the
+// same sequence of operations as before the template, bit for bit.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -21,6 +29,7 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <concepts>
 #include <numbers>
 #include <span>
 #include <vector>
@@ -43,14 +52,19 @@ struct AdamSettings {
 };
 
 // Adam's moments and step count, for saving and resuming a run exactly.
-struct AdamState {
-    std::vector<Tensor<double>> first, second;  // m and v, one per parameter
+template <std::floating_point T>
+struct BasicAdamState {
+    std::vector<Tensor<T>> first, second;  // m and v, one per parameter, in the parameters' type
     std::size_t steps = 0;
 };
+using AdamState = BasicAdamState<double>;
 
-class Adam {
+template <std::floating_point T>
+class BasicAdam {
 public:
-    explicit Adam(AdamSettings settings = {}) : settings_(settings) {
+    using State = BasicAdamState<T>;
+
+    explicit BasicAdam(AdamSettings settings = {}) : settings_(settings) {
         if (!(settings.learning_rate > 0) || !(settings.beta1 >= 0 && settings.beta1 < 1) ||
             !(settings.beta2 >= 0 && settings.beta2 < 1) || !(settings.epsilon > 0) || !(settings.weight_decay >= 0)) {
             throw value_error(fmt::format("Adam: settings out of range (learning rate {}, beta1 {}, beta2 {}, "
@@ -62,13 +76,13 @@ public:
     }
 
     // One update of every parameter from its gradient (same order and shapes on every call).
-    void step(std::span<Tensor<double>* const> parameters, std::span<const Tensor<double>* const> gradients) {
+    void step(std::span<Tensor<T>* const> parameters, std::span<const Tensor<T>* const> gradients) {
         if (parameters.size() != gradients.size()) {
             throw usage_error(fmt::format("Adam::step: {} parameters but {} gradients", parameters.size(),
                                           gradients.size()));
         }
         if (state_.first.empty()) {
-            for (const Tensor<double>* p : parameters) {
+            for (const Tensor<T>* p : parameters) {
                 state_.first.emplace_back(p->shape());
                 state_.second.emplace_back(p->shape());
             }
@@ -88,9 +102,9 @@ public:
         if (!(rate > 0)) throw value_error(fmt::format("Adam: learning rate {} must be positive", rate));
         settings_.learning_rate = rate;
     }
-    const AdamState& state() const { return state_; }
+    const State& state() const { return state_; }
     // Resumes from a saved state (the moments' shapes are checked against the parameters at the next step).
-    void restore(AdamState state) {
+    void restore(State state) {
         if (state.first.size() != state.second.size()) {
             throw usage_error(fmt::format("Adam::restore: {} first moments but {} second moments", state.first.size(),
                                           state.second.size()));
@@ -99,7 +113,7 @@ public:
     }
 
 private:
-    void update(std::size_t i, Tensor<double>& theta, const Tensor<double>& g) {
+    void update(std::size_t i, Tensor<T>& theta, const Tensor<T>& g) {
         if (!(theta.shape() == g.shape()) || !(theta.shape() == state_.first[i].shape()) ||
             !(theta.shape() == state_.second[i].shape())) {
             throw shape_error(fmt::format("Adam::step: parameter {} is {}, its gradient {}, its state {}", i,
@@ -107,26 +121,32 @@ private:
                                           state_.first[i].shape().to_string()));
         }
         const AdamSettings& s = settings_;
+        // The step's scalars in double, each rounded to T once (see the header comment).
         const double t = static_cast<double>(state_.steps);
-        const double step_size = s.learning_rate / (1 - std::pow(s.beta1, t));
-        const double correction2_root = std::sqrt(1 - std::pow(s.beta2, t));
+        const T negative_step_size = static_cast<T>(-(s.learning_rate / (1 - std::pow(s.beta1, t))));
+        const T correction2_root = static_cast<T>(std::sqrt(1 - std::pow(s.beta2, t)));
         const bool decays = s.weight_decay > 0 && (s.decay_scope == DecayScope::all || theta.rank() >= 2);
-        const double shrink = 1 - s.learning_rate * s.weight_decay;
+        const T shrink = static_cast<T>(1 - s.learning_rate * s.weight_decay);
+        const T beta1 = static_cast<T>(s.beta1), rest1 = static_cast<T>(1 - s.beta1);
+        const T beta2 = static_cast<T>(s.beta2), rest2 = static_cast<T>(1 - s.beta2);
+        const T epsilon = static_cast<T>(s.epsilon);
         for (std::size_t k = 0; k < theta.size(); ++k) {
-            double& m = state_.first[i][k];
-            double& v = state_.second[i][k];
+            T& m = state_.first[i][k];
+            T& v = state_.second[i][k];
             if (decays) theta[k] *= shrink;
-            m = m * s.beta1 + (1 - s.beta1) * g[k];
-            v = v * s.beta2 + (1 - s.beta2) * g[k] * g[k];
-            theta[k] += -step_size * (m / (std::sqrt(v) / correction2_root + s.epsilon));
+            m = m * beta1 + rest1 * g[k];
+            v = v * beta2 + rest2 * g[k] * g[k];
+            theta[k] += negative_step_size * (m / (std::sqrt(v) / correction2_root + epsilon));
         }
     }
 
     AdamSettings settings_;
-    AdamState state_;
+    State state_;
 };
 
-// AdamW is Adam with AdamSettings::weight_decay > 0 (decoupled: θ shrinks by lr·λ·θ each step).
+// The double optimizer every existing caller names; AdamW is Adam with AdamSettings::weight_decay
+// > 0 (decoupled: θ shrinks by lr·λ·θ each step).
+using Adam = BasicAdam<double>;
 using AdamW = Adam;
 
 // Linear warm-up, then cosine decay to a floor (nanoGPT's schedule). For step s = 0, 1, ...:
@@ -154,23 +174,37 @@ struct WarmupCosine {
 // every tensor) is at most max_norm, as torch.nn.utils.clip_grad_norm_: ‖g‖ is the norm of the
 // per-tensor norms (PyTorch's order of summation), and with c = max_norm / (‖g‖ + 1e-6) every entry
 // is multiplied by c when c < 1. Returns ‖g‖ before clipping. The update keeps its direction; only
-// a step of exploding size is shortened.
-inline double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm) {
+// a step of exploding size is shortened. For float gradients the squares are summed in double (a
+// float sum over 10⁵ entries would lose digits the coefficient does not need to lose, and the norm
+// is a figure the user reads) and c, computed in double, is rounded to float where it is applied.
+namespace detail {
+template <std::floating_point T>
+double clip_by_global_norm(std::span<Tensor<T>* const> gradients, double max_norm) {
     if (!(max_norm > 0)) throw value_error(fmt::format("clip_by_global_norm: max_norm {} must be positive", max_norm));
     double norms_squared = 0;
-    for (const Tensor<double>* g : gradients) {
+    for (const Tensor<T>* g : gradients) {
         double squares = 0;
-        for (const double x : g->data()) squares += x * x;
+        for (const T x : g->data()) squares += static_cast<double>(x) * static_cast<double>(x);
         const double norm = std::sqrt(squares);
         norms_squared += norm * norm;
     }
     const double norm = std::sqrt(norms_squared);
     const double coefficient = max_norm / (norm + 1e-6);
     if (coefficient < 1) {
-        for (Tensor<double>* g : gradients)
-            for (double& x : g->data()) x *= coefficient;
+        const T c = static_cast<T>(coefficient);
+        for (Tensor<T>* g : gradients)
+            for (T& x : g->data()) x *= c;
     }
     return norm;
+}
+}  // namespace detail
+
+// Overloads rather than a template, so that a std::array or std::vector of pointers still converts.
+inline double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm) {
+    return detail::clip_by_global_norm<double>(gradients, max_norm);
+}
+inline double clip_by_global_norm(std::span<Tensor<float>* const> gradients, double max_norm) {
+    return detail::clip_by_global_norm<float>(gradients, max_norm);
 }
 
 }  // namespace tapegrad
