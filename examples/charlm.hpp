@@ -4,10 +4,12 @@
 //   * CharLmSettings: the model size and the training schedule (typed, with their defaults);
 //   * Corpus: plain-text files read in the given order, cleaned, split into training and
 //     validation text, encoded over the alphabet of characters that occur;
-//   * CharLmTrainer: parameters, optimizer, one reused tape; a step on the batch of a given step
-//     number (drawn from a generator seeded by (seed, step), so a resumed run draws the same
-//     batches), the validation loss, checkpoints (one .npy per parameter and per Adam moment,
-//     plus a manifest, written atomically) and sampling from a prompt through the memory path.
+//   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
+//     reused Tape<T>; a step on the batch of a given step number (drawn from a generator seeded by
+//     (seed, step), so a resumed run draws the same batches), the validation loss, checkpoints
+//     (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
+//     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
+//     from a prompt through the memory path.
 #pragma once
 
 #include "io/npy.hpp"
@@ -17,7 +19,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <concepts>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,6 +31,9 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace tapegrad {
@@ -151,86 +160,119 @@ inline CharBatch training_batch(const Corpus& corpus, const CharLmSettings& s, s
     return windows_at(corpus.train, starts, s.context);
 }
 
-class CharLmTrainer {
+// The scalar type a run trains in, by its NumPy name (the checkpoint's dtype, --dtype).
+template <std::floating_point T>
+constexpr std::string_view dtype_name() {
+    return std::is_same_v<T, float> ? "float32" : "float64";
+}
+
+// T = double or float: the parameters, their gradients (the tape is a Tape<T>) and Adam's moments
+// are all T, as in PyTorch's float32 training (models/optimizer.hpp says which scalars stay
+// double). Losses are returned, and validation losses summed, in double. A float trainer starts
+// from the double initialisation rounded to float, so both types start from the same draw.
+template <std::floating_point T>
+class BasicCharLmTrainer {
 public:
-    CharLmTrainer(const CharLmSettings& settings, const Corpus& corpus)
+    BasicCharLmTrainer(const CharLmSettings& settings, const Corpus& corpus)
         : settings_(settings), corpus_(corpus), config_(settings.model(corpus.alphabet.size())),
-          parameters_(initial_parameters(config_)), adam_(settings.adam()) {}
+          parameters_(initial(config_)), adam_(settings.adam()) {}
 
     // One AdamW step on the batch of step number steps_done(); returns the loss before it.
     double step() {
         const std::size_t s = adam_.steps();
         const CharBatch batch = training_batch(corpus_, settings_, s);
-        tape_.clear();  // nodes' buffers are reused by the next graph
-        const auto vars = TransformerVars<double>::record(tape_, parameters_, config_);
-        const Var<double> J = transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
-                                               std::span<const std::size_t>(batch.targets), batch.size);
+        const auto vars = record_parameters();  // clears the tape: nodes' buffers are reused
+        const Var<T> J = transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
+                                          std::span<const std::size_t>(batch.targets), batch.size);
         tape_.backward(J);
         loss_ = J;
         copy_gradients(vars);
         last_norm_ = clip_by_global_norm(gradient_pointers_, settings_.clip_norm);
-        adam_.set_learning_rate(settings_.schedule().rate(s));
-        std::vector<Tensor<double>*> parameters;
-        for (Tensor<double>& p : parameters_) parameters.push_back(&p);
-        std::vector<const Tensor<double>*> gradients(gradient_pointers_.begin(), gradient_pointers_.end());
+        adam_.set_learning_rate(settings_.schedule().rate(s));  // double; Adam rounds what it applies
+        std::vector<Tensor<T>*> parameters;
+        for (Tensor<T>& p : parameters_) parameters.push_back(&p);
+        std::vector<const Tensor<T>*> gradients(gradient_pointers_.begin(), gradient_pointers_.end());
         adam_.step(parameters, gradients);
-        return J.value().item();
+        return static_cast<double>(J.value().item());
     }
 
     // Mean loss (nats per character) over consecutive windows of the validation text, at most
-    // `max_windows` of them spread evenly over it (0: all).
+    // `max_windows` of them spread evenly over it (0: all). Each batch's loss is computed in T, the
+    // mean over batches in double.
     double validation_loss(std::size_t max_windows = 0) {
-        const std::size_t T = settings_.context, available = (corpus_.validation.size() - 1) / T;
+        const std::size_t context = settings_.context, available = (corpus_.validation.size() - 1) / context;
         const std::size_t count = max_windows == 0 ? available : std::min(available, max_windows);
         double total = 0;
         for (std::size_t first = 0; first < count; first += settings_.batch) {
             std::vector<std::size_t> starts;
             for (std::size_t w = first; w < std::min(count, first + settings_.batch); ++w) {
-                starts.push_back(w * available / count * T);
+                starts.push_back(w * available / count * context);
             }
-            const CharBatch batch = windows_at(corpus_.validation, starts, T);
-            tape_.clear();
-            const auto vars = TransformerVars<double>::record(tape_, parameters_, config_);
+            const CharBatch batch = windows_at(corpus_.validation, starts, context);
+            const auto vars = record_parameters();
             total += static_cast<double>(starts.size()) *
-                     transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
-                                      std::span<const std::size_t>(batch.targets), batch.size)
-                         .value()
-                         .item();
+                     static_cast<double>(transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
+                                                          std::span<const std::size_t>(batch.targets), batch.size)
+                                             .value()
+                                             .item());
         }
         return total / static_cast<double>(count);
     }
 
     std::size_t steps_done() const { return adam_.steps(); }
     double last_gradient_norm() const { return last_norm_; }
-    const std::vector<Tensor<double>>& parameters() const { return parameters_; }
+    const std::vector<Tensor<T>>& parameters() const { return parameters_; }
     const TransformerConfig& config() const { return config_; }
     // The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
     // step or validation clears it: what check_gradients(tape, J) checks in place.
-    const Tape<double>& last_step_tape() const { return tape_; }
-    Var<double> last_step_loss() const { return loss_; }
+    const Tape<T>& last_step_tape() const { return tape_; }
+    Var<T> last_step_loss() const { return loss_; }
 
     void save(const std::filesystem::path& directory) const;
-    void load(const std::filesystem::path& directory);
+    // Resumes from the checkpoint `directory` names (see find_checkpoint: the directory itself, or
+    // what an interrupted save left beside it); returns the directory actually read.
+    std::filesystem::path load(const std::filesystem::path& directory);
     std::string sample(const std::string& prompt, std::size_t length, std::uint64_t seed, double temperature = 1.0);
 
 private:
-    void copy_gradients(const TransformerVars<double>& vars);
+    static std::vector<Tensor<T>> initial(const TransformerConfig& c) {
+        if constexpr (std::is_same_v<T, double>) {
+            return initial_parameters(c);
+        } else {
+            std::vector<Tensor<T>> rounded;
+            for (const Tensor<double>& p : initial_parameters(c)) rounded.push_back(tensor_cast<T>(p));
+            return rounded;
+        }
+    }
+    // The parameters as named leaves of the cleared tape (copied as they are: no conversion).
+    TransformerVars<T> record_parameters() {
+        tape_.clear();
+        const std::vector<std::string> names = parameter_names(config_);
+        std::vector<Var<T>> leaves;
+        for (std::size_t i = 0; i < parameters_.size(); ++i) leaves.push_back(tape_.leaf(parameters_[i], names[i]));
+        return TransformerVars<T>::from(leaves, config_);
+    }
+    void copy_gradients(const TransformerVars<T>& vars);
 
     CharLmSettings settings_;
     const Corpus& corpus_;
     TransformerConfig config_;
-    std::vector<Tensor<double>> parameters_;
-    Adam adam_;
-    Tape<double> tape_;
-    Var<double> loss_;
-    std::vector<Tensor<double>> gradients_;
-    std::vector<Tensor<double>*> gradient_pointers_;
+    std::vector<Tensor<T>> parameters_;
+    BasicAdam<T> adam_;
+    Tape<T> tape_;
+    Var<T> loss_;
+    std::vector<Tensor<T>> gradients_;
+    std::vector<Tensor<T>*> gradient_pointers_;
     double last_norm_ = 0;
 };
 
+// The double trainer, as every caller before float training named it.
+using CharLmTrainer = BasicCharLmTrainer<double>;
+
 // The leaves' gradients, in parameter order, into the trainer's own buffers (clipping scales them).
-inline void CharLmTrainer::copy_gradients(const TransformerVars<double>& vars) {
-    const std::vector<Var<double>> leaves = vars.all();
+template <std::floating_point T>
+void BasicCharLmTrainer<T>::copy_gradients(const TransformerVars<T>& vars) {
+    const std::vector<Var<T>> leaves = vars.all();
     gradients_.resize(leaves.size());
     gradient_pointers_.clear();
     for (std::size_t i = 0; i < leaves.size(); ++i) {
@@ -269,11 +311,13 @@ inline std::string unhex(const std::string& digits) {
     return out;
 }
 
-// The manifest: format line, step count, the alphabet, the model size, then one line per parameter.
-inline std::string manifest(const TransformerConfig& c, const std::string& alphabet, std::size_t steps) {
+// The manifest: format line, step count, the alphabet, the model size, the scalar type, then one
+// line per parameter. A checkpoint written before float training has no dtype line: float64.
+inline std::string manifest(const TransformerConfig& c, const std::string& alphabet, std::size_t steps,
+                            std::string_view dtype) {
     std::string text = fmt::format("tapegrad-charlm-checkpoint 1\nsteps_done {}\nalphabet {}\nlayers {}\nwidth {}\n"
-                                   "heads {}\ncontext {}\n",
-                                   steps, hex(alphabet), c.layers, c.width, c.heads, c.context);
+                                   "heads {}\ncontext {}\ndtype {}\n",
+                                   steps, hex(alphabet), c.layers, c.width, c.heads, c.context, dtype);
     const std::vector<std::string> names = parameter_names(c);
     const std::vector<Shape> shapes = parameter_shapes(c);
     for (std::size_t i = 0; i < names.size(); ++i) text += fmt::format("parameter {} {}\n", names[i], shapes[i].to_string());
@@ -293,39 +337,101 @@ inline std::map<std::string, std::string> read_manifest(const std::filesystem::p
     return fields;
 }
 
+// Test-only hook for examples/charlm_kill_resume.py, which must SIGKILL a save at a known moment:
+// with TAPEGRAD_CHARLM_TEST_PAUSE="<steps>:<point>" in the environment, the save of the checkpoint
+// after <steps> steps stops at <point>, "files" (half of the files written into DIR.partial) or
+// "renamed" (DIR renamed to DIR.previous, DIR.partial not yet renamed to DIR), announces it on
+// standard error ("charlm test pause: <point> at step <steps>") and sleeps 20 s, then goes on (so a
+// test that dies first leaves no process asleep for ever). Unset, a save costs one getenv.
+inline void test_pause(std::string_view point, std::size_t steps) {
+    const char* setting = std::getenv("TAPEGRAD_CHARLM_TEST_PAUSE");
+    if (setting == nullptr || std::string_view(setting) != fmt::format("{}:{}", steps, point)) return;
+    fmt::print(stderr, "charlm test pause: {} at step {}\n", point, steps);
+    std::fflush(stderr);
+    std::this_thread::sleep_for(std::chrono::seconds(20));
+}
+
+inline bool complete(const std::filesystem::path& directory) {
+    std::error_code ignored;
+    return std::filesystem::is_regular_file(directory / "manifest.txt", ignored);
+}
+
 }  // namespace charlm_files
 
+// The checkpoint to resume from for the name `directory`. A save (below) writes DIR.partial,
+// manifest last, then renames DIR to DIR.previous and DIR.partial to DIR, and only then removes
+// DIR.previous; a process killed anywhere in it leaves one of: DIR complete (whatever lies beside
+// it is older or incomplete), or no DIR with DIR.partial complete (killed between the two renames:
+// the newer checkpoint) and DIR.previous complete (the older one). So: DIR when its manifest is
+// there, else a DIR.partial whose manifest is there (written last, so every file before it is
+// complete), else DIR.previous. This holds against the process being killed, not the machine
+// losing power: nothing is fsync'ed.
+inline std::filesystem::path find_checkpoint(const std::filesystem::path& directory) {
+    for (const std::string suffix : {"", ".partial", ".previous"}) {
+        const std::filesystem::path candidate = directory.string() + suffix;
+        if (charlm_files::complete(candidate)) return candidate;
+    }
+    throw io_error(fmt::format("charlm: no checkpoint in '{0}' (nor a complete '{0}.partial' or '{0}.previous' "
+                               "left by an interrupted save)",
+                               directory.string()));
+}
+
 // Writes the parameters, Adam's moments and the manifest into `directory`, atomically as a whole:
-// everything goes into "<directory>.partial" first, which then replaces `directory` by renames. A
-// run that fails while saving leaves the previous checkpoint in place and removes the partial one.
-inline void CharLmTrainer::save(const std::filesystem::path& directory) const {
+// everything goes into "<directory>.partial" first (each file through a temporary and a rename,
+// the manifest last), which then replaces `directory` by renames. A save killed at any point leaves
+// a checkpoint find_checkpoint finds: first, what an earlier interrupted save left is settled (a
+// complete DIR.partial or DIR.previous renamed to DIR when DIR is missing), so that clearing
+// DIR.partial never deletes the only complete checkpoint. A save that fails (an exception) leaves
+// the previous checkpoint in place and removes the partial one. A float32 run writes float32 files.
+template <std::floating_point T>
+void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     namespace fs = std::filesystem;
     const fs::path partial = directory.string() + ".partial", previous = directory.string() + ".previous";
+    constexpr NpyDtype dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
+    if (!charlm_files::complete(directory)) {  // each rename atomic: killed here, the state is still one of the above
+        for (const fs::path& found : {partial, previous}) {
+            if (charlm_files::complete(found)) {
+                fs::remove_all(directory);
+                fs::rename(found, directory);
+                break;
+            }
+        }
+    }
     try {
         fs::remove_all(partial);
         fs::create_directories(partial);
         const std::vector<std::string> names = parameter_names(config_);
-        const AdamState& state = adam_.state();
+        const auto& state = adam_.state();
         for (std::size_t i = 0; i < names.size(); ++i) {
-            const Tensor<double> zero(parameters_[i].shape());
-            charlm_files::write_atomically(partial / ("param." + names[i] + ".npy"), npy_bytes(parameters_[i]));
-            charlm_files::write_atomically(partial / ("adam_m." + names[i] + ".npy"), npy_bytes(state.first.empty() ? zero : state.first[i]));
-            charlm_files::write_atomically(partial / ("adam_v." + names[i] + ".npy"), npy_bytes(state.second.empty() ? zero : state.second[i]));
+            const Tensor<T> zero(parameters_[i].shape());
+            charlm_files::write_atomically(partial / ("param." + names[i] + ".npy"), npy_bytes(parameters_[i], dtype));
+            charlm_files::write_atomically(partial / ("adam_m." + names[i] + ".npy"),
+                                           npy_bytes(state.first.empty() ? zero : state.first[i], dtype));
+            charlm_files::write_atomically(partial / ("adam_v." + names[i] + ".npy"),
+                                           npy_bytes(state.second.empty() ? zero : state.second[i], dtype));
+            if (i + 1 == names.size() / 2) charlm_files::test_pause("files", adam_.steps());
         }
-        charlm_files::write_atomically(partial / "manifest.txt", charlm_files::manifest(config_, corpus_.alphabet, adam_.steps()));
+        charlm_files::write_atomically(partial / "manifest.txt",
+                                       charlm_files::manifest(config_, corpus_.alphabet, adam_.steps(), dtype_name<T>()));
         fs::remove_all(previous);
         if (fs::exists(directory)) fs::rename(directory, previous);
+        charlm_files::test_pause("renamed", adam_.steps());
         fs::rename(partial, directory);
         fs::remove_all(previous);
     } catch (...) {
         std::error_code ignored;
         fs::remove_all(partial, ignored);
+        if (!fs::exists(directory, ignored) && fs::exists(previous, ignored)) fs::rename(previous, directory, ignored);
         throw;
     }
 }
 
-// Reads a checkpoint written by save; refuses one of another model size or alphabet.
-inline void CharLmTrainer::load(const std::filesystem::path& directory) {
+// Reads the checkpoint find_checkpoint(directory) finds; refuses one of another model size,
+// alphabet or scalar type (no silent conversion: a float64 run resumed in float32 would not be
+// the run it claims to continue; convert the .npy files explicitly if that is what is wanted).
+template <std::floating_point T>
+std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& requested) {
+    const std::filesystem::path directory = find_checkpoint(requested);
     const auto fields = charlm_files::read_manifest(directory);
     const auto field = [&](const std::string& key) {
         const auto at = fields.find(key);
@@ -341,50 +447,70 @@ inline void CharLmTrainer::load(const std::filesystem::path& directory) {
                                       "context alphabet: {}; this run: {})",
                                       directory.string(), found, expected));
     }
+    const std::string dtype = fields.contains("dtype") ? fields.at("dtype") : "float64";
+    if (dtype != dtype_name<T>()) {
+        throw value_error(fmt::format("charlm: checkpoint '{}' holds {} parameters and moments, this run trains in {}: "
+                                      "resume it with --dtype {}",
+                                      directory.string(), dtype, dtype_name<T>(), dtype));
+    }
+    const NpyDtype expected_dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
+    const auto read = [&](const std::filesystem::path& file) {
+        std::ifstream in(file, std::ios::binary);
+        if (!in) throw io_error(fmt::format("charlm: cannot read '{}'", file.string()));
+        const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const std::string source = fmt::format("'{}'", file.string());
+        if (parse_npy_header(bytes, source).dtype != expected_dtype) {
+            throw value_error(fmt::format("charlm: '{}' is not {} as its manifest says", file.string(), dtype));
+        }
+        return parse_npy<T>(bytes, source);
+    };
     const std::vector<std::string> names = parameter_names(config_);
-    AdamState state;
+    BasicAdamState<T> state;
     state.steps = std::stoul(field("steps_done"));
-    std::vector<Tensor<double>> loaded;
+    std::vector<Tensor<T>> loaded;
     for (std::size_t i = 0; i < names.size(); ++i) {
-        loaded.push_back(load_npy<double>(directory / ("param." + names[i] + ".npy")));
-        state.first.push_back(load_npy<double>(directory / ("adam_m." + names[i] + ".npy")));
-        state.second.push_back(load_npy<double>(directory / ("adam_v." + names[i] + ".npy")));
+        loaded.push_back(read(directory / ("param." + names[i] + ".npy")));
+        state.first.push_back(read(directory / ("adam_m." + names[i] + ".npy")));
+        state.second.push_back(read(directory / ("adam_v." + names[i] + ".npy")));
         if (!(loaded[i].shape() == parameters_[i].shape())) {
             throw value_error(fmt::format("charlm: checkpoint parameter {} is {}, the model needs {}", names[i],
                                           loaded[i].shape().to_string(), parameters_[i].shape().to_string()));
         }
     }
     parameters_ = std::move(loaded);
-    adam_.restore(state.steps == 0 ? AdamState{} : std::move(state));
+    adam_.restore(state.steps == 0 ? BasicAdamState<T>{} : std::move(state));
+    return directory;
 }
 
 // `length` characters after `prompt`, each drawn from softmax(logits / temperature) with a
 // generator seeded by `seed`. The prompt goes through the model as one block, then every new
 // character as a block of one, through the memory (query_offset = the characters held). When the
-// context is full, the memory starts again from the last half of the context.
-inline std::string CharLmTrainer::sample(const std::string& prompt, std::size_t length, std::uint64_t seed,
-                                         double temperature) {
+// context is full, the memory starts again from the last half of the context. The logits are T;
+// the drawing is done in double.
+template <std::floating_point T>
+std::string BasicCharLmTrainer<T>::sample(const std::string& prompt, std::size_t length, std::uint64_t seed,
+                                          double temperature) {
     std::mt19937_64 generator(seed);
     std::vector<std::size_t> history;
     for (const char c : clean_text(prompt)) history.push_back(corpus_.token_of(c));
     if (history.empty()) history.push_back(corpus_.token_of('\n'));
     std::string text;
-    TransformerMemory<double> memory;
+    TransformerMemory<T> memory;
     std::vector<std::size_t> block(history.end() - static_cast<std::ptrdiff_t>(std::min(history.size(), config_.context - 1)), history.end());
     for (std::size_t n = 0; n < length; ++n) {
         if (memory.length + block.size() > config_.context) {
             memory = {};
             block.assign(history.end() - static_cast<std::ptrdiff_t>(config_.context / 2), history.end());
         }
-        tape_.clear();
-        const auto vars = TransformerVars<double>::record(tape_, parameters_, config_);
-        const Tensor<double> logits =
+        const auto vars = record_parameters();
+        const Tensor<T> logits =
             transformer_logits(vars, config_, std::span<const std::size_t>(block), 1, {.memory = &memory}).value();
         const std::size_t V = config_.vocabulary, last = (block.size() - 1) * V;
-        double largest = logits[last], total = 0;
-        for (std::size_t v = 0; v < V; ++v) largest = std::max(largest, logits[last + v]);
+        const auto logit = [&](std::size_t v) { return static_cast<double>(logits[last + v]); };
+        double largest = logit(0), total = 0;
+        for (std::size_t v = 0; v < V; ++v) largest = std::max(largest, logit(v));
         std::vector<double> weights(V);
-        for (std::size_t v = 0; v < V; ++v) total += weights[v] = std::exp((logits[last + v] - largest) / temperature);
+        for (std::size_t v = 0; v < V; ++v) total += weights[v] = std::exp((logit(v) - largest) / temperature);
         double u = static_cast<double>(generator() >> 11) * 0x1.0p-53 * total;
         std::size_t next = 0;
         while (next + 1 < V && u >= weights[next]) u -= weights[next++];

@@ -1,12 +1,21 @@
 // Trains the character-level language model of examples/charlm.hpp on the prose files of Debian's
 // `fortunes` package: AdamW, warm-up + cosine decay, gradient clipping, validation in bits per
 // character, checkpoints that resume exactly, and a sample from a prompt.
-//   train_charlm [--steps N] [--stop-after K] [--save DIR] [--load DIR] [--prompt TEXT] ...
+//   train_charlm [--steps N] [--stop-after K] [--dtype float32] [--save DIR [--save-every N]]
+//                [--load DIR] [--prompt TEXT] ...
 // (--help lists every option). Progress is a bar on a terminal and plain lines otherwise. With
 // --curve FILE.png and gnuplot on the PATH, the loss and validation curves are drawn; --curve-data
 // writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
+// --dtype float32 trains on a Tape<float>: float32 parameters, gradients and Adam moments, as
+// PyTorch trains in float32 (models/optimizer.hpp says which scalars stay double), and float32
+// checkpoints; a checkpoint of the other type is refused by name. --save-every N writes the
+// checkpoint every N steps as well as at the end, each write atomic with the last complete one kept
+// until the next is in place, so a run killed at any moment (SIGKILL included) resumes with
+// --load DIR (the same DIR as --save) from the last checkpoint written, to the same bits as a run
+// never killed (examples/charlm_kill_resume.py tests it; charlm.hpp's find_checkpoint says how a
+// killed write is recovered).
 // --check-step takes one step and checks the gradients of the tape it ran (check/recorded.hpp);
-// with --save-tape FILE it saves that tape first (io/tape_file.hpp).
+// with --save-tape FILE it saves that tape first (io/tape_file.hpp); both in either dtype.
 #include "examples/charlm.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/recorded.hpp"
@@ -35,6 +44,8 @@ struct RunOptions {
     std::size_t sample_length = 300;
     std::string kernel{attention_kernel_name(CharLmSettings{}.kernel)};
     unsigned threads = 1;
+    std::size_t save_every = 0;  // 0: save only at the end
+    std::string dtype = "float64";
     bool check_step = false;
     std::string save, load, prompt = "The ", curve, curve_data, save_tape;
     std::vector<std::string> corpus;
@@ -45,13 +56,13 @@ struct RunOptions {
 // K, V, O, the projection, the residuals, ln2, the MLP's output and bias, and the 4D-wide MLP
 // product, bias and GELU at four each), with the composed kernel also the scores S and weights A
 // (B·H·T² each), and a gradient of each. Measured: the default model at T = 4096 peaked at 4.2 GB
-// resident where this says 2.7 GB.
-void require_memory_for(const CharLmSettings& m) {
+// resident where this says 2.7 GB. value_bytes: 8 for float64, 4 for float32.
+void require_memory_for(const CharLmSettings& m, std::size_t value_bytes) {
     const double rows = static_cast<double>(m.batch) * static_cast<double>(m.context);
     double per_block = 20.0 * rows * static_cast<double>(m.width);
     if (m.kernel == AttentionKernel::composed) per_block += 2.0 * rows * static_cast<double>(m.heads * m.context);
     const double values_and_gradients = 2.0;
-    cli::require_memory(values_and_gradients * per_block * static_cast<double>(m.layers) * sizeof(double),
+    cli::require_memory(values_and_gradients * per_block * static_cast<double>(m.layers) * static_cast<double>(value_bytes),
                         "the values and gradients one training step keeps on its tape",
                         fmt::format("--context {} --batch {} --width {} --layers {}", m.context, m.batch, m.width, m.layers));
 }
@@ -80,8 +91,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("threads", integer(&r.threads, 0u, cli::max_threads)->default_value(r.threads), "threads (tapegrad::set_threads; 0: one per core)")
         ("eval-every", integer(&r.eval_every, one)->default_value(r.eval_every), "validation every this many steps")
         ("eval-windows", integer(&r.eval_windows, one)->default_value(r.eval_windows), "validation windows during training")
-        ("save", po::value(&r.save), "checkpoint directory written at the end")
-        ("load", po::value(&r.load), "checkpoint directory to resume from")
+        ("dtype", po::value(&r.dtype)->default_value(r.dtype), "float64 or float32: the type of the parameters, "
+                                                                "gradients, Adam's moments and checkpoints")
+        ("save", po::value(&r.save), "checkpoint directory written at the end (and with --save-every, every N steps)")
+        ("save-every", integer(&r.save_every, none)->default_value(0), "with --save: also write the checkpoint every "
+                                                                       "this many steps (atomically; 0: only at the end)")
+        ("load", po::value(&r.load), "checkpoint directory to resume from (after a killed save: what it left, the "
+                                     "last complete checkpoint; give the same DIR as --save to go on)")
         ("prompt", po::value(&r.prompt)->default_value(r.prompt), "sample text after this prompt")
         ("sample-length", integer(&r.sample_length, none)->default_value(r.sample_length), "characters to sample, 0: none")
         ("curve", po::value(&r.curve), "PNG of the curves (needs gnuplot on the PATH)")
@@ -98,6 +114,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
+    if (r.dtype != "float64" && r.dtype != "float32") {
+        throw cli::usage_error(fmt::format("--dtype must be float64 or float32, not '{}'", r.dtype));
+    }
+    if (r.save_every > 0 && r.save.empty()) throw cli::usage_error("--save-every needs --save DIR");
     if (!r.save_tape.empty() && !r.check_step) {
         throw cli::usage_error("--save-tape saves the tape of the step --check-step takes; give --check-step too");
     }
@@ -109,7 +129,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (m.width % m.heads != 0) {
         throw cli::usage_error(fmt::format("--width must be a multiple of --heads (width {}, heads {})", m.width, m.heads));
     }
-    require_memory_for(m);
+    require_memory_for(m, r.dtype == "float32" ? sizeof(float) : sizeof(double));
     return r;
 }
 
@@ -117,6 +137,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
 class Progress {
 public:
     explicit Progress(std::size_t total) : total_(total), terminal_(isatty(STDOUT_FILENO) != 0) {}
+    bool terminal() const { return terminal_; }
     void report(std::size_t step, double loss_bits, double validation_bits, double seconds, bool force) {
         const std::string figures = fmt::format("step {:5d}/{}  train {:.3f} bits/char  validation {:.3f} bits/char  {:.0f} s",
                                                 step, total_, loss_bits, validation_bits, seconds);
@@ -167,7 +188,8 @@ void draw_curve(const std::string& png, const std::string& data) {
 
 // --check-step: one training step, then its tape checked as it ran (check/recorded.hpp), fast mode,
 // without branch attribution.
-int check_one_step(CharLmTrainer& trainer, const std::string& save_tape_file) {
+template <std::floating_point T>
+int check_one_step(BasicCharLmTrainer<T>& trainer, const std::string& save_tape_file) {
     const double loss = trainer.step();
     if (!save_tape_file.empty()) {  // first, so that a check that fails leaves the tape to attach
         save_tape(save_tape_file, trainer.last_step_tape(), trainer.last_step_loss());
@@ -190,27 +212,30 @@ int check_one_step(CharLmTrainer& trainer, const std::string& save_tape_file) {
     return report.passed ? EXIT_SUCCESS : 3;
 }
 
-int run(const RunOptions& r) {
-    set_threads(r.threads);
-    std::vector<std::filesystem::path> files(r.corpus.begin(), r.corpus.end());
-    if (files.empty()) files = default_corpus_files();
-    const Corpus corpus = load_corpus(files);
-    CharLmTrainer trainer(r.model, corpus);
-    if (!r.load.empty()) trainer.load(r.load);
+template <std::floating_point T>
+int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesystem::path>& files) {
+    BasicCharLmTrainer<T> trainer(r.model, corpus);
+    if (!r.load.empty()) {
+        const std::filesystem::path read = trainer.load(r.load);
+        if (read != std::filesystem::path(r.load)) {
+            fmt::print("{} has no complete checkpoint (a save was killed): resuming from {}\n", r.load, read.string());
+        }
+    }
     const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;
     fmt::print("corpus: {} files, {} training and {} validation characters, alphabet of {}\n", files.size(),
                corpus.train.size(), corpus.validation.size(), corpus.alphabet.size());
-    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters, {} attention; steps {}..{} of {}; {} thread(s)\n",
+    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters, {} attention, {}; steps {}..{} of {}; {} thread(s)\n",
                r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
                [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
-               attention_kernel_name(r.model.kernel), trainer.steps_done() + 1, last, r.model.steps, r.threads);
+               attention_kernel_name(r.model.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, r.model.steps,
+               r.threads);
     if (r.check_step) return check_one_step(trainer, r.save_tape);
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     Progress progress(last);
     std::vector<CurvePoint> curve;
     double running = 0, validation = 0;
-    std::size_t window = 0;
+    std::size_t window = 0, saved_at = 0;
     while (trainer.steps_done() < last) {
         running += trainer.step() / std::numbers::ln2;
         ++window;
@@ -222,12 +247,18 @@ int run(const RunOptions& r) {
         }
         progress.report(step, running / static_cast<double>(window), validation, seconds(), evaluate);
         if (evaluate) running = 0, window = 0;
+        // The last step's checkpoint too, before the final validation (minutes at the default size).
+        if (r.save_every > 0 && (step % r.save_every == 0 || step == last)) {
+            trainer.save(r.save);
+            saved_at = step;
+            if (!progress.terminal()) fmt::print("checkpoint after step {} saved to {}\n", step, r.save);
+        }
     }
     const double full = trainer.validation_loss() / std::numbers::ln2;
     fmt::print("final validation (all {} characters): {:.4f} bits/char after {} steps, {:.1f} s training\n",
                corpus.validation.size(), full, trainer.steps_done(), seconds());
     if (!r.save.empty()) {
-        trainer.save(r.save);
+        if (!(saved_at > 0 && saved_at == trainer.steps_done())) trainer.save(r.save);
         fmt::print("checkpoint saved to {}\n", r.save);
     }
     if (!r.curve_data.empty() || !r.curve.empty()) {
@@ -240,6 +271,14 @@ int run(const RunOptions& r) {
                    trainer.sample(r.prompt, r.sample_length, r.model.seed));
     }
     return EXIT_SUCCESS;
+}
+
+int run(const RunOptions& r) {
+    set_threads(r.threads);
+    std::vector<std::filesystem::path> files(r.corpus.begin(), r.corpus.end());
+    if (files.empty()) files = default_corpus_files();
+    const Corpus corpus = load_corpus(files);
+    return r.dtype == "float32" ? run<float>(r, corpus, files) : run<double>(r, corpus, files);
 }
 
 }  // namespace
