@@ -520,6 +520,8 @@ std::string json_error(const AuditError& e) {
 
 std::string digits(const AuditError& e) { return e.measured ? fmt::format("{:.1f}", e.digits_lost) : std::string("-"); }
 
+std::string in_u(const AuditError& e) { return e.measured ? number(e.in_u, "{:.2g}") : std::string("-"); }
+
 }  // namespace
 
 const NodeAudit& PrecisionAudit::worst() const {
@@ -530,13 +532,14 @@ const NodeAudit& PrecisionAudit::worst() const {
 std::string PrecisionAudit::table(std::size_t rows) const {
     std::string text = fmt::format("precision audit, {} (u = {:.3g}), {} nodes, {:.2f} s\n", precision, unit_roundoff,
                                    nodes.size(), seconds);
-    text += "digits lost, ranked by the node's own error (local: the node alone on exact inputs and gradient)\n";
-    text += fmt::format("{:>5} {:>6}  {:<14} {:<18} {:<16} {:>8} {:>8} {:>8} {:>8}\n", "rank", "node", "op", "label",
-                        "shape", "local f", "local b", "value", "adjoint");
+    text += "ranked by the node's own error (local: the node alone on exact inputs and gradient); errors in units of u\n";
+    text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7} {:>9} {:>9} {:>9} {:>9}\n", "rank", "node", "op", "label",
+                        "shape", "digits", "local f", "local b", "value", "adjoint");
     for (std::size_t r = 0; r < std::min(rows, nodes.size()); ++r) {
         const NodeAudit& n = nodes[r];
-        text += fmt::format("{:>5} {:>6}  {:<14} {:<18} {:<16} {:>8} {:>8} {:>8} {:>8}{}\n", r + 1, n.node, n.op, n.label,
-                            n.shape, digits(n.local_forward), digits(n.local_vjp), digits(n.value), digits(n.adjoint),
+        text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7.1f} {:>9} {:>9} {:>9} {:>9}{}\n", r + 1, n.node, n.op,
+                            n.label, n.shape, n.local_digits, in_u(n.local_forward), in_u(n.local_vjp), in_u(n.value),
+                            in_u(n.adjoint),
                             n.value.finite && n.local_forward.finite && n.local_vjp.finite ? "" : "  (inf/NaN)");
     }
     text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
