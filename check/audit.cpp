@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <random>
 #include <span>
 #include <string>
 #include <string_view>
@@ -166,6 +167,9 @@ struct Run {
     std::uint32_t output;
     Storage storage;
     std::function<bool(std::uint32_t)> low;
+    // Applied to every result a low node stores (values, VJP contributions, sums of them): the
+    // Monte Carlo estimate's random rounding; empty for the audit.
+    std::function<void(Tensor<S>&)> perturb{};
 
     std::vector<Tensor<W>> values, adjoints, saved_exact;
     std::vector<Tensor<S>> saved_low;
@@ -188,6 +192,7 @@ struct Run {
                 try {
                     node.kind->forward(node.settings, pointers(in), out, saved_low[i]);
                     store(out, storage);
+                    if (perturb) perturb(out);
                     values[i] = convert<W>(out);
                 } catch (const error&) {  // an op refusing an inf or NaN upstream: its value is lost too
                     values[i] = not_a_number<W>(again.value.shape());
@@ -254,6 +259,7 @@ private:
             for (std::size_t s = 0; s < slots.size(); ++s) {
                 if (slots[s] == nullptr) continue;
                 store(grads[s], storage);
+                if (perturb) perturb(grads[s]);
                 contributions[s] = convert<W>(grads[s]);
             }
         } else {
@@ -271,7 +277,8 @@ private:
     }
 
     void accumulate(std::uint32_t target, const Tensor<W>& contribution) {
-        if (!has_adjoint[target]) {
+        const bool has_sum = has_adjoint[target] != 0;  // a first contribution is stored as it came
+        if (!has_sum) {
             adjoints[target] = contribution;
             has_adjoint[target] = 1;
         } else {
@@ -280,7 +287,10 @@ private:
         }
         // The low run keeps every gradient in the storage format, as it keeps values.
         if constexpr (std::is_same_v<W, S>) {
-            if (low(target)) store(adjoints[target], storage);
+            if (low(target) && has_sum) {
+                store(adjoints[target], storage);
+                if (perturb) perturb(adjoints[target]);
+            }
         }
     }
 };
@@ -490,6 +500,74 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     return result;
 }
 
+// Random rounding at node granularity: each stored result moved by ξ units in its last place,
+// ξ uniform in (−1, 1), and rounded to S again (so it lands on one of its neighbours or stays).
+template <Scalar S>
+struct RandomRounding {
+    std::mt19937_64 generator;
+
+    void operator()(Tensor<S>& x) {
+        std::uniform_real_distribution<double> xi(-1, 1);
+        for (S& v : x.data()) {
+            if (!std::isfinite(v) || v == 0) continue;
+            const double ulp = std::ldexp(1.0, std::ilogb(v) - std::numeric_limits<S>::digits + 1);
+            v = static_cast<S>(static_cast<double>(v) + xi(generator) * ulp);
+        }
+    }
+};
+
+template <Scalar S>
+PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    if (!tape.holds(J)) throw usage_error("estimate_precision: J is not a value of this tape (another tape's, or from before a clear())");
+    if (J.value().size() != 1) {
+        throw shape_error(fmt::format("estimate_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
+    }
+    if (options.runs < 2) throw value_error(fmt::format("estimate_precision: runs must be at least 2 (a spread), got {}", options.runs));
+    const Precision precision = precision_of<S>(Storage::recorded);
+    const std::vector<std::uint32_t> leaves = gradient_leaves(tape, J);
+    std::vector<std::uint32_t> identity(J.index() + 1);
+    for (std::uint32_t i = 0; i <= J.index(); ++i) identity[i] = i;
+    std::vector<std::vector<Tensor<double>>> samples(leaves.size());  // by leaf, by run
+    for (std::size_t r = 0; r < options.runs; ++r) {
+        Run<S, S> run(tape, tape, identity, J.index(), Storage::recorded, [](std::uint32_t) { return true; });
+        std::seed_seq seeds{options.seed, static_cast<std::uint64_t>(r)};
+        run.perturb = RandomRounding<S>{std::mt19937_64(seeds)};
+        run.forward();
+        run.backward(false);
+        for (std::size_t l = 0; l < leaves.size(); ++l) {
+            samples[l].push_back(run.has_adjoint[leaves[l]] ? convert<double>(run.adjoints[leaves[l]])
+                                                            : Tensor<double>(tape.recorded(leaves[l]).value.shape()));
+        }
+    }
+    PrecisionEstimate result;
+    result.precision = precision.name;
+    result.unit_roundoff = precision.u;
+    result.runs = options.runs;
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+        const auto node = tape.recorded(leaves[l]);
+        LeafEstimate leaf{leaves[l], node.label.empty() ? fmt::format("leaf {}", leaves[l]) : std::string(node.label), 0, 0};
+        const std::size_t n = samples[l][0].size();
+        double spread2 = 0, mean2 = 0;
+        for (std::size_t k = 0; k < n; ++k) {
+            double mean = 0;
+            for (const Tensor<double>& g : samples[l]) mean += g[k];
+            mean /= static_cast<double>(options.runs);
+            for (const Tensor<double>& g : samples[l]) spread2 += (g[k] - mean) * (g[k] - mean);
+            mean2 += mean * mean;
+        }
+        spread2 /= static_cast<double>(options.runs - 1);
+        leaf.normwise = mean2 > 0 ? std::sqrt(spread2 / mean2) : std::sqrt(spread2);
+        if (!std::isfinite(leaf.normwise)) leaf.normwise = std::numeric_limits<double>::infinity();
+        const double in_u = leaf.normwise / precision.u;
+        leaf.digits_lost = !std::isfinite(in_u) ? std::log10(1 / precision.u)
+                                                : in_u <= 1 ? 0 : std::min(std::log10(in_u), std::log10(1 / precision.u));
+        result.leaves.push_back(std::move(leaf));
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    return result;
+}
+
 // A number for the table: "inf" where not finite.
 std::string number(double x, std::string_view format = "{:.2g}") {
     return std::isfinite(x) ? fmt::format(fmt::runtime(format), x) : std::string("inf");
@@ -607,6 +685,23 @@ std::string PrecisionAudit::dot() const {
         }
     }
     return text + "}\n";
+}
+
+std::string PrecisionEstimate::table() const {
+    std::string text = fmt::format("precision estimate, {} (u = {:.3g}), random rounding at each node, {} runs, {:.2f} s\n",
+                                   precision, unit_roundoff, runs, seconds);
+    for (const LeafEstimate& leaf : leaves) {
+        text += fmt::format("  {:<18} normwise spread {:>9}  {:.1f} digits lost\n", leaf.name, number(leaf.normwise), leaf.digits_lost);
+    }
+    return text;
+}
+
+PrecisionEstimate estimate_precision(const Tape<float>& tape, const Var<float>& J, const EstimateOptions& options) {
+    return estimate(tape, J, options);
+}
+
+PrecisionEstimate estimate_precision(const Tape<double>& tape, const Var<double>& J, const EstimateOptions& options) {
+    return estimate(tape, J, options);
 }
 
 PrecisionAudit audit_precision(const Tape<float>& tape, const Var<float>& J, const AuditOptions& options) {

@@ -125,6 +125,38 @@ struct PrecisionAudit {
 PrecisionAudit audit_precision(const Tape<float>& tape, const Var<float>& J, const AuditOptions& options = {});
 PrecisionAudit audit_precision(const Tape<double>& tape, const Var<double>& J, const AuditOptions& options = {});
 
+// Without 50 digits: an estimate of each leaf gradient's error from a few runs of the recording in
+// its own precision with random rounding (each node's stored results moved to a random neighbour
+// in the last place, as Monte Carlo arithmetic does per operation: Verificarlo's random rounding,
+// here at node granularity). The spread of the runs' gradients (normwise standard deviation over
+// the mean's norm) estimates the error without a 50-digit re-run, so it runs at any size. It
+// perturbs results, not the arithmetic inside an op, so it sees how the graph carries rounding,
+// not an op's own cancellation (E[x²] − E[x]²): that takes the audit.
+struct EstimateOptions {
+    std::size_t runs = 8;
+    std::uint64_t seed = 1;
+};
+
+struct LeafEstimate {
+    std::uint32_t node = 0;
+    std::string name;
+    double normwise = 0;     // the runs' spread: ‖std‖₂ / ‖mean‖₂
+    double digits_lost = 0;  // log10(normwise / u), clipped to [0, log10(1/u)]
+};
+
+struct PrecisionEstimate {
+    std::string precision;
+    double unit_roundoff = 0;
+    std::size_t runs = 0;
+    std::vector<LeafEstimate> leaves;
+    double seconds = 0;
+
+    std::string table() const;
+};
+
+PrecisionEstimate estimate_precision(const Tape<float>& tape, const Var<float>& J, const EstimateOptions& options = {});
+PrecisionEstimate estimate_precision(const Tape<double>& tape, const Var<double>& J, const EstimateOptions& options = {});
+
 // A value rounded to the storage format (exact for Storage::recorded): what the audit applies.
 double round_to(Storage storage, double x);
 

@@ -298,6 +298,11 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_ranked_first_by_two_digits) {
                                        "ranked first: {}",
                                        c.name, good.local_digits, bad.local_digits, bad.local_forward.digits_lost,
                                        bad.local_vjp.digits_lost, faulty.worst().op));
+        // For the record (the estimate perturbs results, not an op's arithmetic): what random
+        // rounding alone says of the faulty graph's first leaf, against the truth.
+        BOOST_TEST_MESSAGE(fmt::format("  first leaf's gradient error: true {:.2e}, random-rounding estimate {:.2e}",
+                                       faulty.leaves.at(0).gradient.normwise,
+                                       estimate_precision(faulty_tape, J_faulty).leaves.at(0).normwise));
         BOOST_TEST(faulty.worst().node == bad.node, c.name << ": ranked first is " << faulty.worst().op);
         BOOST_TEST(bad.local_digits >= good.local_digits + 2, c.name);
     }
@@ -386,4 +391,28 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_by_name) {
     BOOST_CHECK_EXCEPTION(audit_precision(tape, Y), shape_error, message("audit_precision: J must hold one element"));
     const Var<float> J_other = sum(other.leaf(Tensor<float>(Shape{2}, 1.0f)));
     BOOST_CHECK_EXCEPTION(audit_precision(tape, J_other), usage_error, message("audit_precision: J is not a value of this tape"));
+}
+
+// The Monte Carlo estimate (no 50 digits) against the audit's 50-digit truth, where both run: the
+// held-out graph at three sizes. Its purpose is the digits lost to within one digit, so each
+// leaf's estimated error must be within a factor 10 of the true one (fixed before the run).
+BOOST_AUTO_TEST_CASE(random_rounding_estimates_the_error_to_one_digit) {
+    for (const std::size_t T : {16u, 32u, 64u}) {
+        const std::vector<Tensor<float>> values = held_out_values(T, 16, 16, 300 + T);
+        Tape<float> tape;
+        const HeldOut<float> graph = held_out_graph(tape, values);
+        const PrecisionAudit audit = audit_precision(tape, graph.J);
+        const PrecisionEstimate estimate = estimate_precision(tape, graph.J, {.runs = 8, .seed = 5});
+        BOOST_TEST_REQUIRE(estimate.leaves.size() == audit.leaves.size());
+        for (std::size_t l = 0; l < audit.leaves.size(); ++l) {
+            const double truth = audit.leaves[l].gradient.normwise, estimated = estimate.leaves[l].normwise;
+            BOOST_TEST_MESSAGE(fmt::format("T = {:2} {:<5} true {:.2e}, estimated {:.2e} (ratio {:.2f})", T,
+                                           estimate.leaves[l].name, truth, estimated, estimated / truth));
+            BOOST_TEST(estimated > truth / 10, estimate.leaves[l].name);
+            BOOST_TEST(estimated < truth * 10, estimate.leaves[l].name);
+        }
+    }
+    Tape<float> tape;
+    const Var<float> J = sum(tape.leaf(Tensor<float>(Shape{2}, 1.0f)));
+    BOOST_CHECK_THROW(estimate_precision(tape, J, {.runs = 1}), value_error);
 }
