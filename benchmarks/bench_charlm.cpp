@@ -1,24 +1,32 @@
-// bench_charlm: training throughput (tokens per second, one thread, double) of the character-level
+// bench_charlm: training throughput (tokens per second, one thread) of the character-level
 // language model of examples/charlm.hpp at the example's default size, tapegrad against the same
 // model written in LibTorch C++ (the engines compared, not Python): each side runs complete
 // training steps (forward, backward, global-norm clipping, AdamW with the warm-up + cosine rate)
-// from the same initial parameters on the same batches. tapegrad runs twice, with each attention
-// kernel (fused, the example's default, and composed); the three alternate, round by round, on
-// this thread's CPU clock; the lines give the median and the best round:
+// from the same initial parameters on the same batches. In float64, tapegrad runs twice, with each
+// attention kernel (fused, the example's default, and composed), against LibTorch in float64; in
+// float32, tapegrad's float trainer (BasicCharLmTrainer<float>: float32 parameters, gradients and
+// Adam moments; fused kernel) against LibTorch in float32, both from the float64 initial
+// parameters rounded to float32. All five contenders alternate, round by round, on this thread's
+// CPU clock; the lines give the median and the best round:
 //   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… kernel=fused|composed
-//     statistic=median|best|overall
+//     statistic=median|best|overall dtype=float64|float32
 // (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
-// (ratio = tapegrad's tokens/s over LibTorch's). Before timing, the first steps' losses of every
-// side are compared: they must agree to 1e-9 (relative), or the line is not a comparison of the
-// same computation and a WARNING says so.
+// (ratio = tapegrad's tokens/s over LibTorch's in the same dtype). Before timing, the first steps'
+// losses of every side are compared with LibTorch's in the same dtype: they must agree to 1e-9
+// (relative) in float64 and to 1e-5 in float32 (float32 gradients differ in their last bits
+// between two engines that sum in different orders, and Adam's m/√v turns such a difference in a
+// gradient entry near zero into a step of up to ±lr; measured 5.2e-7 on this machine), or the
+// line is not a comparison of the same computation and a WARNING says so.
+//   bench_charlm [--rounds N]   (default 41; a smaller N for a quick smoke run)
 // LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
 // reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
-// several times slower; the libtorch_gemm line reports the rate it gets.
+// several times slower; the libtorch_gemm lines report the rate it gets in each dtype.
 // The corpus is Debian's `fortunes` text when installed; otherwise a seeded random text over 96
 // characters stands in (the throughput depends on the sizes only, not on the text).
 #include "examples/charlm.hpp"
 #include "tapegrad.hpp"
 #include "timing.hpp"
+#include "tools/options.hpp"
 
 #include <fmt/format.h>
 
@@ -29,6 +37,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #ifdef TAPEGRAD_HAVE_TORCH
@@ -59,10 +68,16 @@ Corpus benchmark_corpus() {
 }
 
 #ifdef TAPEGRAD_HAVE_TORCH
-torch::Tensor to_torch(const Tensor<double>& t) {
+template <class T>
+constexpr torch::ScalarType torch_type() {
+    return std::is_same_v<T, float> ? torch::kFloat : torch::kDouble;
+}
+
+template <class T>
+torch::Tensor to_torch(const Tensor<T>& t) {
     std::vector<long> sizes;
     for (std::size_t axis = 0; axis < t.rank(); ++axis) sizes.push_back(static_cast<long>(t.shape()[axis]));
-    return torch::from_blob(const_cast<double*>(t.data().data()), sizes, torch::kDouble).clone();
+    return torch::from_blob(const_cast<T*>(t.data().data()), sizes, torch_type<T>()).clone();
 }
 
 torch::Tensor token_tensor(const std::vector<std::size_t>& tokens, std::size_t B) {
@@ -73,10 +88,12 @@ torch::Tensor token_tensor(const std::vector<std::size_t>& tokens, std::size_t B
 // The model of models/transformer.hpp in LibTorch: the same parameters in the same layout (rows
 // projected as X·W), pre-norm blocks, causal multi-head attention scaled by 1/√dh, GELU (tanh),
 // tied output projection, mean cross-entropy. AdamW (decay on matrices only, as DecayScope::
-// matrices) and clip_grad_norm_ are LibTorch's own.
+// matrices) and clip_grad_norm_ are LibTorch's own. The dtype is the initial parameters' (double
+// or float); LibTorch computes in it throughout, its optimizer's scalars in double as PyTorch's.
 class TorchCharLm {
 public:
-    TorchCharLm(const std::vector<Tensor<double>>& initial, const TransformerConfig& c, const CharLmSettings& s)
+    template <class T>
+    TorchCharLm(const std::vector<Tensor<T>>& initial, const TransformerConfig& c, const CharLmSettings& s)
         : config_(c), settings_(s), optimizer_(make_parameters(initial), adamw_options(s)) {}
 
     double step(const CharBatch& batch, double rate) {
@@ -90,9 +107,10 @@ public:
     }
 
 private:
-    std::vector<torch::optim::OptimizerParamGroup> make_parameters(const std::vector<Tensor<double>>& initial) {
+    template <class T>
+    std::vector<torch::optim::OptimizerParamGroup> make_parameters(const std::vector<Tensor<T>>& initial) {
         std::vector<torch::Tensor> matrices, vectors;
-        for (const Tensor<double>& t : initial) {
+        for (const Tensor<T>& t : initial) {
             parameters_.push_back(to_torch(t).requires_grad_(true));
             (t.rank() >= 2 ? matrices : vectors).push_back(parameters_.back());
         }
@@ -151,8 +169,9 @@ private:
 };
 #endif
 
-// One tapegrad side per attention kernel, from the same initial parameters (a trainer owns its
-// tape, which does not move: the sides are built in place).
+// One tapegrad side per attention kernel and scalar type, from the same initial parameters (a
+// trainer owns its tape, which does not move: the sides are built in place).
+template <class T>
 struct Side {
     Side(const CharLmSettings& settings, AttentionKernel k, const Corpus& corpus)
         : kernel(k), trainer(with_kernel(settings, k), corpus) {}
@@ -161,14 +180,15 @@ struct Side {
         return settings;
     }
     AttentionKernel kernel;
-    CharLmTrainer trainer;
+    BasicCharLmTrainer<T> trainer;
     std::vector<double> rates;
 };
 
-// The median, best and overall lines of one tapegrad side against LibTorch's rates (none without
-// LibTorch). Every round times the same tokens, so all rounds' tokens over all rounds' time (the
-// run's throughput) is the harmonic mean of the rates.
-void print_lines(const Side& side, const std::vector<double>& theirs, const TransformerConfig& c) {
+// The median, best and overall lines of one tapegrad side against LibTorch's rates in the same
+// dtype (none without LibTorch). Every round times the same tokens, so all rounds' tokens over all
+// rounds' time (the run's throughput) is the harmonic mean of the rates.
+template <class T>
+void print_lines(const Side<T>& side, const std::vector<double>& theirs, const TransformerConfig& c) {
     const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
     const auto overall = [](const std::vector<double>& v) {
         double seconds_per_token = 0;
@@ -179,8 +199,9 @@ void print_lines(const Side& side, const std::vector<double>& theirs, const Tran
         const std::string theirs_figures =
             theirs.empty() ? std::string("libtorch_tokens_per_s=NA ratio=NA")
                            : fmt::format("libtorch_tokens_per_s={:.0f} ratio={:.3f}", theirs_rate, ours_rate / theirs_rate);
-        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={}\n", c.layers, c.width,
-                   c.context, ours_rate, theirs_figures, attention_kernel_name(side.kernel), statistic);
+        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={} dtype={}\n", c.layers,
+                   c.width, c.context, ours_rate, theirs_figures, attention_kernel_name(side.kernel), statistic,
+                   dtype_name<T>());
     };
     line("median", median(side.rates), theirs.empty() ? 0.0 : median(theirs));
     line("best", best(side.rates), best(theirs));
@@ -191,8 +212,8 @@ void print_lines(const Side& side, const std::vector<double>& theirs, const Tran
 // LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built with
 // BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one warm GEMM of
 // the MLP's shape (tokens × D times D × 4D) shows which, since it dominates LibTorch's step.
-void print_libtorch_gemm_rate(long tokens, long width) {
-    const torch::Tensor a = torch::rand({tokens, width}, torch::kDouble), b = torch::rand({width, 4 * width}, torch::kDouble);
+void print_libtorch_gemm_rate(long tokens, long width, torch::ScalarType type) {
+    const torch::Tensor a = torch::rand({tokens, width}, type), b = torch::rand({width, 4 * width}, type);
     for (int round = 0; round < 3; ++round) (void)a.mm(b);  // warm-up: BLAS start-up, first page faults
     std::vector<double> samples;
     for (int round = 0; round < 21; ++round) {
@@ -200,14 +221,27 @@ void print_libtorch_gemm_rate(long tokens, long width) {
         const torch::Tensor product = a.mm(b);
         samples.push_back(thread_seconds() - start);
     }
-    fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f}\n", a.size(0), a.size(1), b.size(1),
-               2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9);
+    fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f} dtype={}\n", a.size(0), a.size(1), b.size(1),
+               2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9,
+               type == torch::kFloat ? "float32" : "float64");
 }
 #endif
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    std::size_t rounds = 41;  // 41: a steady median on a shared machine
+    try {  // numbers read the way every program of the project reads them (tools/options.hpp)
+        for (int a = 1; a < argc; ++a) {
+            if (std::string(argv[a]) != "--rounds" || a + 1 == argc) {
+                throw cli::usage_error(fmt::format("unknown argument '{}'", argv[a]));
+            }
+            rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
+        }
+    } catch (const cli::usage_error& e) {
+        fmt::print(stderr, "bench_charlm: {} (usage: bench_charlm [--rounds N])\n", e.what());
+        return cli::exit_usage;
+    }
     set_threads(1);
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(1);
@@ -219,32 +253,47 @@ int main() {
 
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();
-    std::deque<Side> ours;
+    std::deque<Side<double>> ours;
     for (const AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::composed}) {
         ours.emplace_back(settings, kernel, corpus);
     }
+    std::deque<Side<float>> ours_float;  // the example's default kernel
+    ours_float.emplace_back(settings, AttentionKernel::fused, corpus);
     const TransformerConfig& c = ours.front().trainer.config();
     const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
-    constexpr std::size_t rounds = 41, steps_per_round = 2, checked_steps = 3;  // 41: a steady median on a shared machine
-    std::vector<double> theirs_rates;
+    constexpr std::size_t steps_per_round = 2;
+    std::vector<double> theirs_rates, theirs_float_rates;
 
 #ifdef TAPEGRAD_HAVE_TORCH
-    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width));
+    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kDouble);
+    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kFloat);
     TorchCharLm theirs(ours.front().trainer.parameters(), c, settings);
-    std::size_t their_steps = 0;
-    const auto their_step = [&] {
-        const double loss = theirs.step(training_batch(corpus, settings, their_steps), settings.schedule().rate(their_steps));
-        ++their_steps;
-        return loss;
+    TorchCharLm theirs_float(ours_float.front().trainer.parameters(), c, settings);
+    std::size_t their_steps = 0, their_float_steps = 0;
+    const auto stepper = [&corpus, &settings](TorchCharLm& model, std::size_t& steps) {
+        return [&corpus, &settings, &model, &steps] {
+            const double loss = model.step(training_batch(corpus, settings, steps), settings.schedule().rate(steps));
+            ++steps;
+            return loss;
+        };
     };
+    const auto their_step = stepper(theirs, their_steps);
+    const auto their_float_step = stepper(theirs_float, their_float_steps);
     // Same computation first: the losses of the first steps must agree (all from one start).
-    double worst = 0;
-    for (std::size_t s = 0; s < checked_steps; ++s) {
-        const double b = their_step();
-        for (Side& side : ours) worst = std::max(worst, std::abs(side.trainer.step() - b) / std::abs(b));
-    }
-    if (!(worst <= 1e-9)) fmt::print("WARNING: the first losses differ from LibTorch's by {:.3g} (relative)\n", worst);
-    fmt::print("agreement first_{}_losses_max_relative_difference={:.2e}\n", checked_steps, worst);
+    constexpr std::size_t checked_steps = 3;
+    const auto agreement = [&](auto& sides, const auto& step, const char* dtype, double tolerance) {
+        double worst = 0;
+        for (std::size_t s = 0; s < checked_steps; ++s) {
+            const double b = step();
+            for (auto& side : sides) worst = std::max(worst, std::abs(side.trainer.step() - b) / std::abs(b));
+        }
+        if (!(worst <= tolerance)) {
+            fmt::print("WARNING: the first {} losses differ from LibTorch's by {:.3g} (relative)\n", dtype, worst);
+        }
+        fmt::print("agreement first_{}_losses_max_relative_difference={:.2e} dtype={}\n", checked_steps, worst, dtype);
+    };
+    agreement(ours, their_step, "float64", 1e-9);
+    agreement(ours_float, their_float_step, "float32", 1e-5);
 #endif
     const auto timed_rate = [&](const auto& step) {
         const double start = thread_seconds();
@@ -252,12 +301,17 @@ int main() {
         return tokens_per_step * steps_per_round / (thread_seconds() - start);
     };
     for (std::size_t round = 0; round < rounds; ++round) {
-        for (Side& side : ours) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
+        for (Side<double>& side : ours) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
 #ifdef TAPEGRAD_HAVE_TORCH
         theirs_rates.push_back(timed_rate(their_step));
 #endif
+        for (Side<float>& side : ours_float) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
+#ifdef TAPEGRAD_HAVE_TORCH
+        theirs_float_rates.push_back(timed_rate(their_float_step));
+#endif
     }
-    for (const Side& side : ours) print_lines(side, theirs_rates, c);
+    for (const Side<double>& side : ours) print_lines(side, theirs_rates, c);
+    for (const Side<float>& side : ours_float) print_lines(side, theirs_float_rates, c);
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
                steps_per_round, rounds);
     return 0;
