@@ -15,9 +15,13 @@
 // never killed (examples/charlm_kill_resume.py tests it; charlm.hpp's find_checkpoint says how a
 // killed write is recovered).
 // --check-step takes one step and checks the gradients of the tape it ran (check/recorded.hpp);
-// with --save-tape FILE it saves that tape first (io/tape_file.hpp); both in either dtype.
+// --audit-step takes one step and audits its tape's precision (check/audit.hpp: the digits each
+// parameter's gradient loses, the nodes that lose them; --audit-storage bfloat16 asks what 16-bit
+// storage would lose); with --save-tape FILE either saves that tape first (io/tape_file.hpp); all
+// in either dtype.
 #include "examples/charlm.hpp"
 #include "autodiff/parallel.hpp"
+#include "check/audit.hpp"
 #include "check/recorded.hpp"
 #include "io/tape_file.hpp"
 #include "tools/options.hpp"
@@ -46,7 +50,8 @@ struct RunOptions {
     unsigned threads = 1;
     std::size_t save_every = 0;  // 0: save only at the end
     std::string dtype = "float64";
-    bool check_step = false;
+    bool check_step = false, audit_step = false;
+    std::string audit_storage = "recorded";
     std::string save, load, prompt = "The ", curve, curve_data, save_tape;
     std::vector<std::string> corpus;
 };
@@ -105,8 +110,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("corpus", po::value(&r.corpus)->multitoken(), "text files (default: prose files of Debian's fortunes)")
         ("check-step", po::bool_switch(&r.check_step), "take one step, check its tape's gradients against 50-digit "
                                                       "differences (fast mode) and stop; exit 3 if they disagree")
-        ("save-tape", po::value(&r.save_tape), "with --check-step: save the step's tape to this file first "
-                                               "(io/tape_file.hpp; check it anywhere with tapegrad-check --tape)");
+        ("audit-step", po::bool_switch(&r.audit_step), "take one step, audit its tape's precision (check/audit.hpp: "
+                                                      "digits lost per parameter gradient, the worst nodes) and stop")
+        ("audit-storage", po::value(&r.audit_storage)->default_value(r.audit_storage),
+         "with --audit-step: recorded, bfloat16 or float16 (values and gradients kept in 16 bits)")
+        ("save-tape", po::value(&r.save_tape), "with --check-step or --audit-step: save the step's tape to this file "
+                                               "first (io/tape_file.hpp; check it anywhere with tapegrad-check --tape)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, description), values);
     if (values.count("help")) {
@@ -118,8 +127,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         throw cli::usage_error(fmt::format("--dtype must be float64 or float32, not '{}'", r.dtype));
     }
     if (r.save_every > 0 && r.save.empty()) throw cli::usage_error("--save-every needs --save DIR");
-    if (!r.save_tape.empty() && !r.check_step) {
-        throw cli::usage_error("--save-tape saves the tape of the step --check-step takes; give --check-step too");
+    if (!r.save_tape.empty() && !r.check_step && !r.audit_step) {
+        throw cli::usage_error("--save-tape saves the tape of the step --check-step or --audit-step takes; give one of them");
+    }
+    if (r.check_step && r.audit_step) throw cli::usage_error("--check-step and --audit-step: choose one");
+    if (r.audit_storage != "recorded" && r.audit_storage != "bfloat16" && r.audit_storage != "float16") {
+        throw cli::usage_error(fmt::format("--audit-storage must be recorded, bfloat16 or float16, not '{}'", r.audit_storage));
     }
     try {
         m.kernel = attention_kernel_from(r.kernel);
@@ -212,6 +225,27 @@ int check_one_step(BasicCharLmTrainer<T>& trainer, const std::string& save_tape_
     return report.passed ? EXIT_SUCCESS : 3;
 }
 
+// --audit-step: one training step, then its tape's precision audited (check/audit.hpp).
+template <std::floating_point T>
+int audit_one_step(BasicCharLmTrainer<T>& trainer, const RunOptions& r) {
+    const double loss = trainer.step();
+    if (!r.save_tape.empty()) {
+        save_tape(r.save_tape, trainer.last_step_tape(), trainer.last_step_loss());
+        fmt::print("step {}: tape saved to {}\n", trainer.steps_done(), r.save_tape);
+    }
+    AuditOptions options;
+    options.storage = r.audit_storage == "bfloat16" ? Storage::bfloat16
+                      : r.audit_storage == "float16" ? Storage::float16
+                                                     : Storage::recorded;
+    options.progress = true;
+    fmt::print("step {}: loss {:.4f} nats/char; auditing its tape ({} nodes) against its 50-digit re-run\n",
+               trainer.steps_done(), loss, trainer.last_step_tape().size());
+    std::fflush(stdout);
+    const PrecisionAudit audit = audit_precision(trainer.last_step_tape(), trainer.last_step_loss(), options);
+    fmt::print("{}", audit.table(15));
+    return EXIT_SUCCESS;
+}
+
 template <std::floating_point T>
 int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesystem::path>& files) {
     BasicCharLmTrainer<T> trainer(r.model, corpus);
@@ -230,6 +264,7 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                attention_kernel_name(r.model.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, r.model.steps,
                r.threads);
     if (r.check_step) return check_one_step(trainer, r.save_tape);
+    if (r.audit_step) return audit_one_step(trainer, r);
     const auto start = std::chrono::steady_clock::now();
     const auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
     Progress progress(last);
