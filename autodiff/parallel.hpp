@@ -68,4 +68,28 @@ void parallel_for(std::size_t count, const Work& work, unsigned max_threads = 0)
     detail::run_on_pool(count, detail::WorkRef(work), threads);
 }
 
+// Runs work(first, last) over [0, count) split into at most one chunk per thread, each of at least
+// `grain` items; on the calling thread alone when there are fewer than two chunks' worth (so a
+// small tensor pays nothing). For row-wise and elementwise loops over large tensors (softmax rows,
+// a mask, a scale), whose items each write only their own outputs: the result is the one a single
+// thread computes, bit for bit, whatever the threads.
+template <class Work>
+void parallel_chunks(std::size_t count, std::size_t grain, const Work& work) {
+    if (grain == 0 || count < 2 * grain) {
+        work(std::size_t{0}, count);
+        return;
+    }
+    const std::size_t most = count / grain, threads = thread_count();
+    const std::size_t chunks = most < threads ? most : threads;
+    if (chunks <= 1) {
+        work(std::size_t{0}, count);
+        return;
+    }
+    parallel_for(chunks, [&](std::size_t chunk, unsigned) { work(chunk * count / chunks, (chunk + 1) * count / chunks); });
+}
+
+// The grain of an elementwise loop: about 64K elements (tens of microseconds of memory traffic),
+// below which waking a second thread costs more than it saves.
+inline constexpr std::size_t elementwise_grain = std::size_t{1} << 16;
+
 }  // namespace tapegrad

@@ -7,6 +7,7 @@
 #include "autodiff/cpu.hpp"
 #include "autodiff/error.hpp"
 #include "autodiff/op.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/tensor.hpp"
 
 #include <fmt/core.h>
@@ -592,8 +593,16 @@ void Tape<T>::check_no_nan(const Tensor<T>& tensor, std::string_view op, std::st
         // looked for only once a NaN is known. A small tensor is scanned here: the call through
         // the dispatch table would cost more than its few compares (a scalar node: 52 against
         // 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
+        // A large tensor is scanned in chunks over the library's threads (the scan is memory-bound,
+        // one pass over the tensor per recorded op: 8% of a T = 1024 float attention step).
         const Stored* numbers = reinterpret_cast<const Stored*>(data.data());
-        if (data.size() > inline_scan_size && !compiled::any_nan(numbers, data.size() * StoredAs<T>::count)) return;
+        if (data.size() > inline_scan_size) {
+            std::atomic<bool> found{false};
+            parallel_chunks(data.size() * StoredAs<T>::count, elementwise_grain, [&](std::size_t first, std::size_t last) {
+                if (compiled::any_nan(numbers + first, last - first)) found.store(true, std::memory_order_relaxed);
+            });
+            if (!found.load(std::memory_order_relaxed)) return;
+        }
     }
     for (std::size_t k = 0; k < data.size(); ++k) {
         if (is_nan(data[k])) {

@@ -8,6 +8,7 @@
 
 #include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
 
 #include <limits>
@@ -36,12 +37,18 @@ struct Mask {
     }
 
     // Calls visit(k, M_k ≠ 0) for k in [0, size): M repeats over the batch when it is one matrix,
-    // taken matrix by matrix (no division per element).
+    // walked with a wrapping index (no division per element); large tensors in chunks over the
+    // library's threads (each position written once, so the result is the single thread's).
     template <Scalar T, class Visit>
-    static void for_each_position(const Tensor<T>& M, std::size_t size, Visit&& visit) {
+    static void for_each_position(const Tensor<T>& M, std::size_t size, const Visit& visit) {
         const std::size_t period = M.size();
-        for (std::size_t start = 0; start < size; start += period)
-            for (std::size_t j = 0; j < period; ++j) visit(start + j, M[j] != T(0));
+        parallel_chunks(size, elementwise_grain, [&](std::size_t first, std::size_t last) {
+            std::size_t j = first % period;
+            for (std::size_t k = first; k < last; ++k) {
+                visit(k, M[j] != T(0));
+                if (++j == period) j = 0;
+            }
+        });
     }
 };
 

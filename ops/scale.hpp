@@ -4,6 +4,7 @@
 
 #include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
 
 namespace tapegrad {
@@ -28,12 +29,16 @@ struct Scale {
     static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         const Tensor<T>& x = *in[0];
         out.resize(x.shape());
-        for (std::size_t k = 0; k < x.size(); ++k) out[k] = s.c * x[k];
+        parallel_chunks(x.size(), elementwise_grain, [&](std::size_t first, std::size_t last) {
+            for (std::size_t k = first; k < last; ++k) out[k] = s.c * x[k];
+        });
     }
 
     template <Scalar T>
     static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& grad) {
-        for (std::size_t k = 0; k < at.G.size(); ++k) grad[k] = s.c * at.G[k];
+        parallel_chunks(at.G.size(), elementwise_grain, [&](std::size_t first, std::size_t last) {
+            for (std::size_t k = first; k < last; ++k) grad[k] = s.c * at.G[k];
+        });
     }
 
     template <Scalar T>

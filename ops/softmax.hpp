@@ -12,6 +12,7 @@
 
 #include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
+#include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/fast/softmax_rows.hpp"
 
@@ -85,8 +86,14 @@ struct Softmax {
         const Tensor<T>& S = *in[0];
         A.resize(S.shape());
         const std::size_t n = S.cols(), rows = S.size() / n;
-        for (std::size_t r = 0; r < rows; ++r) normalise_row(S, r, A.data().data() + r * n);
+        parallel_chunks(rows, row_grain(n), [&](std::size_t first, std::size_t last) {
+            for (std::size_t r = first; r < last; ++r) normalise_row(S, r, A.data().data() + r * n);
+        });
     }
+
+    // Rows per chunk over the library's threads: about 16K elements (an exp each), so a chunk is
+    // tens of microseconds; each row is computed as one thread computes it.
+    static std::size_t row_grain(std::size_t n) { return std::max<std::size_t>(1, (std::size_t{1} << 14) / n); }
 
     // Speed hook (autodiff/op.hpp): a row of A depends only on its row of S, so an unchanged row
     // keeps its recorded weights (bit for bit what forward computes) and a row moved by a tiny δ is
@@ -115,25 +122,28 @@ struct Softmax {
         const Tensor<T>& A = at.out;
         const Tensor<T>& G = at.G;
         const std::size_t n = A.cols(), rows = A.size() / n;
-        for (std::size_t r = 0; r < rows; ++r) {
-            const T* weights = A.data().data() + r * n;
-            const T* upstream = G.data().data() + r * n;
-            T* out = dS.data().data() + r * n;
-            if constexpr (has_compiled_kernels<T>) {
-                if (n > fast::inline_row_size) {
-                    fast::softmax_vjp_row_vectorised(weights, upstream, n, out);  // the same formula, vectorised
-                    continue;
-                }
-            } else if constexpr (fast::dual_of_compiled<T>) {
-                if (n > fast::inline_row_size) {
-                    fast::softmax_vjp_row_dual(weights, upstream, n, out);  // its derivative along ε, vectorised
-                    continue;
-                }
+        parallel_chunks(rows, row_grain(n), [&](std::size_t first, std::size_t last) {
+            for (std::size_t r = first; r < last; ++r) vjp_row(A.data().data() + r * n, G.data().data() + r * n, n, dS.data().data() + r * n);
+        });
+    }
+
+    // dS_ij = A_ij (G_ij − Σ_k G_ik A_ik) for one row.
+    template <Scalar T>
+    static void vjp_row(const T* weights, const T* upstream, std::size_t n, T* out) {
+        if constexpr (has_compiled_kernels<T>) {
+            if (n > fast::inline_row_size) {
+                fast::softmax_vjp_row_vectorised(weights, upstream, n, out);  // the same formula, vectorised
+                return;
             }
-            T mean(0);  // Σ_k G_ik A_ik: the weighted mean of the upstream gradient
-            for (std::size_t k = 0; k < n; ++k) mean += upstream[k] * weights[k];
-            for (std::size_t j = 0; j < n; ++j) out[j] = weights[j] * (upstream[j] - mean);
+        } else if constexpr (fast::dual_of_compiled<T>) {
+            if (n > fast::inline_row_size) {
+                fast::softmax_vjp_row_dual(weights, upstream, n, out);  // its derivative along ε, vectorised
+                return;
+            }
         }
+        T mean(0);  // Σ_k G_ik A_ik: the weighted mean of the upstream gradient
+        for (std::size_t k = 0; k < n; ++k) mean += upstream[k] * weights[k];
+        for (std::size_t j = 0; j < n; ++j) out[j] = weights[j] * (upstream[j] - mean);
     }
 
     template <Scalar T>
