@@ -104,6 +104,22 @@ function(check_consumers build_dir libdir)
   require_rejected("${verdict}" "consumer_shared loading libtapegrad from a folder without it")
   run_consumer_program(${build_dir}/consumer ${libdir})
   run_consumer_program(${build_dir}/consumer_shared ${libdir})
+  # The worked example project (examples/my_op_project), built beside the consumer in the install
+  # and subdirectory modes (with_example, run_consumer.cmake): a user's op and its Boost.Test suite
+  # through tapegrad_testing.hpp, run by its own CTest.
+  if(NOT with_example)
+    return()
+  endif()
+  if(EXISTS ${build_dir}/my_op_project/test_softplus)
+    run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${CMAKE_CTEST_COMMAND} --test-dir ${build_dir}/my_op_project
+        --output-on-failure)
+    message(STATUS "${last_output}")
+    if(NOT last_output MATCHES "100% tests passed, 0 tests failed out of 1")
+      message(FATAL_ERROR "examples/my_op_project's test did not pass:\n${last_output}")
+    endif()
+  else()
+    message(FATAL_ERROR "examples/my_op_project was not built in ${build_dir}")
+  endif()
 endfunction()
 
 # Verdict on a Debian package's control fields: its name, VERSION, and that Depends names every

@@ -32,6 +32,14 @@ endif()
 set(consumer_args -S ${TAPEGRAD_SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build
                   -DCMAKE_BUILD_TYPE=${consumer_build_type} -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
                   -DCMAKE_SKIP_BUILD_RPATH=ON)
+# The worked example of a user's op (examples/my_op_project) is built and run with the consumer
+# against the installed package and against the source tree (its compile would only repeat itself
+# in the other modes).
+set(with_example OFF)
+if(MODE STREQUAL "install" OR MODE STREQUAL "subdirectory")
+  set(with_example ON)
+endif()
+list(APPEND consumer_args -DTAPEGRAD_CONSUMER_WITH_EXAMPLE=${with_example})
 set(consumer_link_flags "")
 if(SANITIZE STREQUAL "thread")
   set(consumer_link_flags -fsanitize=thread)
@@ -50,7 +58,8 @@ function(install_library prefix)
 endfunction()
 
 function(require_files prefix)
-  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/tapegrad_record.hpp include/tapegrad/autodiff/tape.hpp
+  foreach(file include/tapegrad/tapegrad.hpp include/tapegrad/tapegrad_record.hpp include/tapegrad/tapegrad_testing.hpp
+               include/tapegrad/autodiff/tape.hpp
                include/tapegrad/autodiff/op.hpp include/tapegrad/autodiff/mp50.hpp include/tapegrad/io/tape_file.hpp
                include/tapegrad/check/gradcheck.hpp include/tapegrad/io/npy.hpp include/tapegrad/ops/softmax.hpp
                include/tapegrad/ops/fast/softmax_rows.hpp include/tapegrad/models/multihead.hpp
