@@ -20,7 +20,8 @@
 //   bench_charlm [--rounds N]   (default 41; a smaller N for a quick smoke run)
 // LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
 // reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
-// several times slower; the libtorch_gemm lines report the rate it gets in each dtype.
+// several times slower; the libtorch_gemm lines report the rate it gets in each dtype, the
+// tapegrad_gemm lines ours at the same shape, and the environment line names the host's CPU.
 // The corpus is Debian's `fortunes` text when installed; otherwise a seeded random text over 96
 // characters stands in (the throughput depends on the sizes only, not on the text).
 #include "examples/charlm.hpp"
@@ -227,6 +228,28 @@ void print_libtorch_gemm_rate(long tokens, long width, torch::ScalarType type) {
 }
 #endif
 
+// The rate our compiled GEMM (the kernel every product of the step uses) reaches on one thread at
+// the MLP's shape (tokens × D times D × 4D), beside LibTorch's (OpenBLAS's) line above: the
+// fraction of this host's GEMM rate the products run at.
+template <std::floating_point T>
+void print_tapegrad_gemm_rate(std::size_t tokens, std::size_t width) {
+    std::mt19937_64 generator(7);
+    std::uniform_real_distribution<double> uniform(-1, 1);
+    const std::size_t m = tokens, k = width, n = 4 * width;
+    std::vector<T> a(m * k), b(k * n), c(m * n);
+    for (T& x : a) x = static_cast<T>(uniform(generator));
+    for (T& x : b) x = static_cast<T>(uniform(generator));
+    for (int round = 0; round < 3; ++round) kernels::gemm(kernels::Form::ab, m, n, k, a.data(), b.data(), c.data(), false);
+    std::vector<double> samples;
+    for (int round = 0; round < 21; ++round) {
+        const double start = thread_seconds();
+        kernels::gemm(kernels::Form::ab, m, n, k, a.data(), b.data(), c.data(), false);
+        samples.push_back(thread_seconds() - start);
+    }
+    fmt::print("tapegrad_gemm m={} k={} n={} gflops={:.1f} dtype={}\n", m, k, n,
+               2.0 * static_cast<double>(m * k * n) / median(samples) / 1e9, std::is_same_v<T, float> ? "float32" : "float64");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -248,8 +271,8 @@ int main(int argc, char** argv) {
 #endif
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");
     const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-    fmt::print("environment OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} cpu={}\n", coretype ? coretype : "unset",
-               blas_threads ? blas_threads : "unset", cpu_level_name(cpu_level()));
+    fmt::print("environment host_cpu=\"{}\" OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} cpu={}\n", timing::cpu_model(),
+               coretype ? coretype : "unset", blas_threads ? blas_threads : "unset", cpu_level_name(cpu_level()));
 
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();
@@ -264,6 +287,8 @@ int main(int argc, char** argv) {
     constexpr std::size_t steps_per_round = 2;
     std::vector<double> theirs_rates, theirs_float_rates;
 
+    print_tapegrad_gemm_rate<double>(static_cast<std::size_t>(tokens_per_step), c.width);
+    print_tapegrad_gemm_rate<float>(static_cast<std::size_t>(tokens_per_step), c.width);
 #ifdef TAPEGRAD_HAVE_TORCH
     print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kDouble);
     print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kFloat);

@@ -7,10 +7,26 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <fstream>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace tapegrad::timing {
+
+// The host's CPU model as /proc/cpuinfo names it ("unknown" elsewhere): every published figure
+// names the machine it was measured on, since machines of one kind are not the same CPU.
+inline std::string cpu_model() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const std::size_t colon = line.find(':');
+            if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+        }
+    }
+    return "unknown";
+}
 
 // CPU time of the calling thread. The single-threaded timings use it rather than the wall clock:
 // this machine is shared, and time spent descheduled would otherwise be charged to whichever
