@@ -195,8 +195,8 @@ CheckReport check_seeded_on_tape(const Tape<double>& tape, const Var<double>& Y,
                 ++report.failures;
                 report.passed = false;
                 BOOST_TEST_MESSAGE("seeded VJP of x" << l << " at " << index_string(values[l].shape(), c)
-                                                     << ": analytic " << to_double(gradient[c])
-                                                     << ", numeric " << to_double(numeric));
+                                                     << ": analytic " << to_double(gradient[c]) << ", numeric "
+                                                     << to_double(numeric));
             }
         }
     }
@@ -221,8 +221,8 @@ template <std::size_t N, class Op>
 CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
     Tape<double> tape;
     const Var<double> Y = record_op(op, tape, values);
-    const bool finite = std::all_of(Y.value().data().begin(), Y.value().data().end(),
-                                    [](double y) { return std::isfinite(y); });
+    const bool finite =
+        std::all_of(Y.value().data().begin(), Y.value().data().end(), [](double y) { return std::isfinite(y); });
     return check_seeded_with_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, values, rng);
 }
 
@@ -258,12 +258,12 @@ CheckReport check_op_seeded_only(Op op, std::mt19937_64& rng, const Shapes&... s
     return check_op_seeded(op, rng, values);
 }
 
-
 // The fault-control pattern in one line: on the same leaves (drawn from [−1, 1] in the given
 // shapes), `correct` passes check_op_on and `broken` fails it. A suite that asserts this has shown
 // that its check can fail.
 template <class Correct, class Broken, class... Shapes>
-boost::test_tools::predicate_result rejects(Correct correct, Broken broken, std::mt19937_64& rng, const Shapes&... shapes) {
+boost::test_tools::predicate_result rejects(Correct correct, Broken broken, std::mt19937_64& rng,
+                                            const Shapes&... shapes) {
     const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
     const CheckReport good = check_op_on(correct, rng, values);
     const CheckReport bad = check_op_on(broken, rng, values);

@@ -11,6 +11,7 @@
 // pasted into the README and diffed between runs.
 #include "inputs.hpp"
 #include "tapegrad.hpp"
+#include "host.hpp"
 #include "timing.hpp"
 
 #include <fmt/format.h>
@@ -390,6 +391,7 @@ int main(int argc, char** argv) {
     fmt::print("environment cores={} OPENBLAS_CORETYPE={} libtorch_threads={} cpu={}\n", cores,
                coretype ? coretype : "unset", torch_threads, cpu_level_name(cpu_level()));
 
+    timing::print_host_line();
     set_threads(1);  // one thread unless a line says otherwise
     std::mt19937_64 rng(20261129);
     if (wanted("attention")) bench_attention_table<double>(rng, cores);

@@ -26,6 +26,7 @@
 // characters stands in (the throughput depends on the sizes only, not on the text).
 #include "examples/charlm.hpp"
 #include "tapegrad.hpp"
+#include "host.hpp"
 #include "timing.hpp"
 #include "tools/options.hpp"
 
@@ -274,6 +275,7 @@ int main(int argc, char** argv) {
     fmt::print("environment host_cpu=\"{}\" OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} cpu={}\n", timing::cpu_model(),
                coretype ? coretype : "unset", blas_threads ? blas_threads : "unset", cpu_level_name(cpu_level()));
 
+    timing::print_host_line();
     const CharLmSettings settings{};  // the example's defaults
     const Corpus corpus = benchmark_corpus();
     std::deque<Side<double>> ours;

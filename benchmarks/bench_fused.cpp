@@ -18,6 +18,7 @@
 //   (default: T = 1024 4096 16384, threads 1 then 2; --fused-only skips the composed graphs)
 
 #include "tapegrad.hpp"
+#include "host.hpp"
 #include "ops/fused_attention.hpp"
 #include "tools/options.hpp"
 
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
     if (sizes.empty()) sizes = {1024, 4096, 16384};
     if (thread_counts.empty()) thread_counts = {1, 2};
     const std::size_t d = 64;
+    timing::print_host_line();
     fmt::print("# fused attention benchmark: D = d = r = {}, double, forward + backward, best of runs\n", d);
     for (const unsigned threads : thread_counts) {
         set_threads(threads);  // the fused op's tiles and tapegrad's products (composed graph) alike

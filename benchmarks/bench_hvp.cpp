@@ -10,6 +10,7 @@
 // over the line's reference (the gradient for hvp, the forward for jvp).
 #include "inputs.hpp"
 #include "tapegrad.hpp"
+#include "host.hpp"
 #include "timing.hpp"
 
 #include <fmt/format.h>
@@ -176,6 +177,7 @@ int main() {
     torch::set_num_threads(1);
 #endif
     set_threads(1);
+    timing::print_host_line();
     std::mt19937_64 rng(20261129);
     for (const std::size_t n : {8, 64}) bench_hvp(n, n, n, rng);
     for (const std::size_t n : {8, 64}) bench_jvp(n, n, n, rng);

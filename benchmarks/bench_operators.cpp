@@ -12,6 +12,7 @@
 //
 // Usage: bench_operators [n ...]    (default: n = 64 4096)
 #include "tapegrad.hpp"
+#include "host.hpp"
 #include "timing.hpp"
 #include "ops/operators.hpp"
 #include "tools/options.hpp"
@@ -143,6 +144,7 @@ int main(int argc, char** argv) {
         return cli::exit_usage;
     }
     if (sizes.empty()) sizes = {64, 4096};
+    timing::print_host_line();
     for (const std::size_t n : sizes) bench(n);
     return 0;
 }

@@ -38,9 +38,12 @@ double round_to(Storage storage, double x) {
         return std::fabs(rounded) > largest ? std::copysign(std::numeric_limits<double>::infinity(), x) : rounded;
     };
     switch (storage) {
-    case Storage::recorded: return x;
-    case Storage::bfloat16: return to_format(8, -126, std::ldexp(255.0, 120));  // (2 − 2⁻⁷)·2¹²⁷
-    case Storage::float16: return to_format(11, -14, 65504.0);
+        case Storage::recorded:
+            return x;
+        case Storage::bfloat16:
+            return to_format(8, -126, std::ldexp(255.0, 120));  // (2 − 2⁻⁷)·2¹²⁷
+        case Storage::float16:
+            return to_format(11, -14, 65504.0);
     }
     return x;
 }
@@ -59,9 +62,12 @@ template <Scalar S>
 Precision precision_of(Storage storage) {
     const std::string computing = std::is_same_v<S, float> ? "float32" : "float64";
     switch (storage) {
-    case Storage::bfloat16: return {"bfloat16 (computing in " + computing + ")", 8, -126, 0x1p-8};
-    case Storage::float16: return {"float16 (computing in " + computing + ")", 11, -14, 0x1p-11};
-    case Storage::recorded: break;
+        case Storage::bfloat16:
+            return {"bfloat16 (computing in " + computing + ")", 8, -126, 0x1p-8};
+        case Storage::float16:
+            return {"float16 (computing in " + computing + ")", 11, -14, 0x1p-11};
+        case Storage::recorded:
+            break;
     }
     return {computing, std::numeric_limits<S>::digits, std::numeric_limits<S>::min_exponent - 1,
             std::ldexp(1.0, -std::numeric_limits<S>::digits)};
@@ -158,7 +164,11 @@ template <Scalar W, Scalar S>
 struct Run {
     Run(const Tape<S>& recorded_tape, const Tape<W>& exact_tape, const std::vector<std::uint32_t>& index,
         std::uint32_t output_node, Storage kept_as, std::function<bool(std::uint32_t)> is_low)
-        : recorded(recorded_tape), exact(exact_tape), exact_index(index), output(output_node), storage(kept_as),
+        : recorded(recorded_tape),
+          exact(exact_tape),
+          exact_index(index),
+          output(output_node),
+          storage(kept_as),
           low(std::move(is_low)) {}
 
     const Tape<S>& recorded;
@@ -363,8 +373,10 @@ struct LocalAudit {
         const Tensor<S> G = convert<S>(G_exact);
         const std::vector<const Tensor<S>*> in_pointers = pointers(in);
         try {
-            if (audit.local_forward.finite) node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved, G}, slots);
-            else for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+            if (audit.local_forward.finite)
+                node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved, G}, slots);
+            else
+                for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
         } catch (const error&) {
             for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
         }
@@ -425,7 +437,8 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         throw usage_error("audit_precision: J is not a value of this tape (another tape's, or from before a clear())");
     }
     if (J.value().size() != 1) {
-        throw shape_error(fmt::format("audit_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
+        throw shape_error(
+            fmt::format("audit_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
     }
     const Precision precision = precision_of<S>(options.storage);
     PrecisionAudit result;
@@ -452,7 +465,8 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         result.inputs[i].assign(node.inputs.begin(), node.inputs.end());
         NodeAudit audit = describe(tape, i);
         audit.value = measure(low.values[i], truth.tape.recorded(truth.index[i]).value, precision);
-        if (node.requires_grad && low.has_adjoint[i]) audit.adjoint = measure(low.adjoints[i], truth.nodes[i].grad(), precision);
+        if (node.requires_grad && low.has_adjoint[i])
+            audit.adjoint = measure(low.adjoints[i], truth.nodes[i].grad(), precision);
         local.run(i, audit);
         audit.local_digits = std::max(audit.local_forward.digits_lost, audit.local_vjp.digits_lost);
         audit.local_in_u = std::max(audit.local_forward.in_u, audit.local_vjp.in_u);
@@ -469,7 +483,8 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
             if (tape.recorded(edge.first).inputs[edge.second] != i) continue;
             const auto exact = local.true_leaf_edges.find(edge);
             if (exact == local.true_leaf_edges.end()) continue;
-            branches.push_back({edge.first, edge.second, describe(tape, edge.first).op, measure(contribution, exact->second, precision)});
+            branches.push_back({edge.first, edge.second, describe(tape, edge.first).op,
+                                measure(contribution, exact->second, precision)});
         }
         if (branches.size() > 1) leaf.branches = std::move(branches);
         result.leaves.push_back(std::move(leaf));
@@ -477,7 +492,8 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
 
     // Ranked by the local error in units of u (the digits lost, not clipped at 0: below one u the
     // order still says where the rounding is, as for a constant kept in bfloat16).
-    std::stable_sort(nodes.begin(), nodes.end(), [](const NodeAudit& a, const NodeAudit& b) { return a.local_in_u > b.local_in_u; });
+    std::stable_sort(nodes.begin(), nodes.end(),
+                     [](const NodeAudit& a, const NodeAudit& b) { return a.local_in_u > b.local_in_u; });
     std::vector<std::uint32_t> candidates;
     for (const NodeAudit& n : nodes) {
         if (candidates.size() == options.contributor_candidates || !(n.local_in_u > 0)) break;
@@ -487,13 +503,15 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     if (precision.u >= 0x1p-30) {  // float32 or 16 bits: double is exact enough to hold the rest
         Tape<double> exact;
         std::vector<Var<double>> leaves, mapped;
-        for (const std::uint32_t i : gradient_leaves(tape, J)) leaves.push_back(exact.leaf(detail::tensor_as<double>(tape.recorded(i).value)));
+        for (const std::uint32_t i : gradient_leaves(tape, J))
+            leaves.push_back(exact.leaf(detail::tensor_as<double>(tape.recorded(i).value)));
         (void)rerun(tape, J, std::span<const Var<double>>(leaves), &mapped);
         std::vector<std::uint32_t> index;
         for (const Var<double>& v : mapped) index.push_back(v.index());
         find_contributors(tape, exact, index, J, options.storage, truth, precision, candidates, result.leaves);
     } else {
-        find_contributors(tape, truth.tape, truth.index, J, options.storage, truth, precision, candidates, result.leaves);
+        find_contributors(tape, truth.tape, truth.index, J, options.storage, truth, precision, candidates,
+                          result.leaves);
     }
     result.nodes = std::move(nodes);
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -519,11 +537,15 @@ struct RandomRounding {
 template <Scalar S>
 PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateOptions& options) {
     const auto started = std::chrono::steady_clock::now();
-    if (!tape.holds(J)) throw usage_error("estimate_precision: J is not a value of this tape (another tape's, or from before a clear())");
+    if (!tape.holds(J))
+        throw usage_error(
+            "estimate_precision: J is not a value of this tape (another tape's, or from before a clear())");
     if (J.value().size() != 1) {
-        throw shape_error(fmt::format("estimate_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
+        throw shape_error(
+            fmt::format("estimate_precision: J must hold one element (a loss); it is {}", J.shape().to_string()));
     }
-    if (options.runs < 2) throw value_error(fmt::format("estimate_precision: runs must be at least 2 (a spread), got {}", options.runs));
+    if (options.runs < 2)
+        throw value_error(fmt::format("estimate_precision: runs must be at least 2 (a spread), got {}", options.runs));
     const Precision precision = precision_of<S>(Storage::recorded);
     const std::vector<std::uint32_t> leaves = gradient_leaves(tape, J);
     std::vector<std::uint32_t> identity(J.index() + 1);
@@ -546,7 +568,8 @@ PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateO
     result.runs = options.runs;
     for (std::size_t l = 0; l < leaves.size(); ++l) {
         const auto node = tape.recorded(leaves[l]);
-        LeafEstimate leaf{leaves[l], node.label.empty() ? fmt::format("leaf {}", leaves[l]) : std::string(node.label), 0, 0};
+        LeafEstimate leaf{leaves[l], node.label.empty() ? fmt::format("leaf {}", leaves[l]) : std::string(node.label),
+                          0, 0};
         const std::size_t n = samples[l][0].size();
         double spread2 = 0, mean2 = 0;
         for (std::size_t k = 0; k < n; ++k) {
@@ -561,7 +584,8 @@ PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateO
         if (!std::isfinite(leaf.normwise)) leaf.normwise = std::numeric_limits<double>::infinity();
         const double in_u = leaf.normwise / precision.u;
         leaf.digits_lost = !std::isfinite(in_u) ? std::log10(1 / precision.u)
-                                                : in_u <= 1 ? 0 : std::min(std::log10(in_u), std::log10(1 / precision.u));
+                           : in_u <= 1          ? 0
+                                                : std::min(std::log10(in_u), std::log10(1 / precision.u));
         result.leaves.push_back(std::move(leaf));
     }
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -590,10 +614,11 @@ std::string json_string(std::string_view text) {
 
 std::string json_error(const AuditError& e) {
     if (!e.measured) return "null";
-    return fmt::format("{{\"normwise\": {}, \"worst_element\": {}, \"worst_at\": {}, \"ulps\": {}, \"in_u\": {}, "
-                       "\"digits_lost\": {}, \"finite\": {}}}",
-                       json_number(e.normwise), json_number(e.worst_element), json_string(e.worst_at),
-                       json_number(e.ulps), json_number(e.in_u), json_number(e.digits_lost), e.finite);
+    return fmt::format(
+        "{{\"normwise\": {}, \"worst_element\": {}, \"worst_at\": {}, \"ulps\": {}, \"in_u\": {}, "
+        "\"digits_lost\": {}, \"finite\": {}}}",
+        json_number(e.normwise), json_number(e.worst_element), json_string(e.worst_at), json_number(e.ulps),
+        json_number(e.in_u), json_number(e.digits_lost), e.finite);
 }
 
 std::string digits(const AuditError& e) { return e.measured ? fmt::format("{:.1f}", e.digits_lost) : std::string("-"); }
@@ -610,14 +635,15 @@ const NodeAudit& PrecisionAudit::worst() const {
 std::string PrecisionAudit::table(std::size_t rows) const {
     std::string text = fmt::format("precision audit, {} (u = {:.3g}), {} nodes, {:.2f} s\n", precision, unit_roundoff,
                                    nodes.size(), seconds);
-    text += "ranked by the node's own error (local: the node alone on exact inputs and gradient); errors in units of u\n";
-    text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7} {:>9} {:>9} {:>9} {:>9}\n", "rank", "node", "op", "label",
-                        "shape", "digits", "local f", "local b", "value", "adjoint");
+    text +=
+        "ranked by the node's own error (local: the node alone on exact inputs and gradient); errors in units of u\n";
+    text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7} {:>9} {:>9} {:>9} {:>9}\n", "rank", "node", "op",
+                        "label", "shape", "digits", "local f", "local b", "value", "adjoint");
     for (std::size_t r = 0; r < std::min(rows, nodes.size()); ++r) {
         const NodeAudit& n = nodes[r];
-        text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7.1f} {:>9} {:>9} {:>9} {:>9}{}\n", r + 1, n.node, n.op,
-                            n.label, n.shape, n.local_digits, in_u(n.local_forward), in_u(n.local_vjp), in_u(n.value),
-                            in_u(n.adjoint),
+        text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7.1f} {:>9} {:>9} {:>9} {:>9}{}\n", r + 1, n.node,
+                            n.op, n.label, n.shape, n.local_digits, in_u(n.local_forward), in_u(n.local_vjp),
+                            in_u(n.value), in_u(n.adjoint),
                             n.value.finite && n.local_forward.finite && n.local_vjp.finite ? "" : "  (inf/NaN)");
     }
     text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
@@ -642,25 +668,28 @@ std::string PrecisionAudit::json() const {
                                    json_string(precision), json_number(unit_roundoff), json_number(seconds));
     for (std::size_t r = 0; r < nodes.size(); ++r) {
         const NodeAudit& n = nodes[r];
-        text += fmt::format("{}\n  {{\"rank\": {}, \"node\": {}, \"op\": {}, \"label\": {}, \"shape\": {}, "
-                            "\"local_digits\": {}, \"local_in_u\": {}, \"local_forward\": {}, \"local_vjp\": {}, \"value\": {}, \"adjoint\": {}}}",
-                            r == 0 ? "" : ",", r + 1, n.node, json_string(n.op), json_string(n.label), json_string(n.shape),
-                            json_number(n.local_digits), json_number(n.local_in_u), json_error(n.local_forward), json_error(n.local_vjp),
-                            json_error(n.value), json_error(n.adjoint));
+        text += fmt::format(
+            "{}\n  {{\"rank\": {}, \"node\": {}, \"op\": {}, \"label\": {}, \"shape\": {}, "
+            "\"local_digits\": {}, \"local_in_u\": {}, \"local_forward\": {}, \"local_vjp\": {}, \"value\": {}, "
+            "\"adjoint\": {}}}",
+            r == 0 ? "" : ",", r + 1, n.node, json_string(n.op), json_string(n.label), json_string(n.shape),
+            json_number(n.local_digits), json_number(n.local_in_u), json_error(n.local_forward),
+            json_error(n.local_vjp), json_error(n.value), json_error(n.adjoint));
     }
     text += "],\n \"leaves\": [";
     for (std::size_t l = 0; l < leaves.size(); ++l) {
         const LeafAudit& leaf = leaves[l];
         std::string branches;
         for (const BranchAudit& b : leaf.branches) {
-            branches += fmt::format("{}{{\"consumer\": {}, \"slot\": {}, \"op\": {}, \"error\": {}}}",
-                                    branches.empty() ? "" : ", ", b.consumer, b.slot, json_string(b.op), json_error(b.error));
+            branches +=
+                fmt::format("{}{{\"consumer\": {}, \"slot\": {}, \"op\": {}, \"error\": {}}}",
+                            branches.empty() ? "" : ", ", b.consumer, b.slot, json_string(b.op), json_error(b.error));
         }
-        text += fmt::format("{}\n  {{\"node\": {}, \"name\": {}, \"gradient\": {}, \"top_contributor\": {}, "
-                            "\"top_contributor_op\": {}, \"top_contributor_share\": {}, \"branches\": [{}]}}",
-                            l == 0 ? "" : ",", leaf.node, json_string(leaf.name), json_error(leaf.gradient),
-                            leaf.top_contributor, json_string(leaf.top_contributor_op),
-                            json_number(leaf.top_contributor_share), branches);
+        text += fmt::format(
+            "{}\n  {{\"node\": {}, \"name\": {}, \"gradient\": {}, \"top_contributor\": {}, "
+            "\"top_contributor_op\": {}, \"top_contributor_share\": {}, \"branches\": [{}]}}",
+            l == 0 ? "" : ",", leaf.node, json_string(leaf.name), json_error(leaf.gradient), leaf.top_contributor,
+            json_string(leaf.top_contributor_op), json_number(leaf.top_contributor_share), branches);
     }
     return text + "]}\n";
 }
@@ -669,8 +698,10 @@ std::string PrecisionAudit::dot() const {
     std::map<std::uint32_t, const NodeAudit*> by_index;
     for (const NodeAudit& n : nodes) by_index[n.node] = &n;
     const double most = std::log10(1 / unit_roundoff);
-    std::string text = fmt::format("digraph \"precision audit\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\", "
-                                   "style=filled];\n  label=\"{}: local digits lost, white none, red all\";\n", precision);
+    std::string text = fmt::format(
+        "digraph \"precision audit\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\", "
+        "style=filled];\n  label=\"{}: local digits lost, white none, red all\";\n",
+        precision);
     for (const auto& [i, n] : by_index) {
         // White to red as the share of the digits lost grows: green and blue fall together.
         const int shade = static_cast<int>(std::lround(255 * (1 - std::clamp(n->local_digits / most, 0.0, 1.0))));
@@ -681,17 +712,20 @@ std::string PrecisionAudit::dot() const {
                             n->op == "leaf" || n->op == "constant" ? "box" : "ellipse", shade, shade);
         const std::vector<std::uint32_t>& in = inputs[i];
         for (std::size_t slot = 0; slot < in.size(); ++slot) {
-            text += fmt::format("  n{} -> n{}{};\n", in[slot], i, in.size() > 1 ? fmt::format(" [label=\"{}\"]", slot) : "");
+            text += fmt::format("  n{} -> n{}{};\n", in[slot], i,
+                                in.size() > 1 ? fmt::format(" [label=\"{}\"]", slot) : "");
         }
     }
     return text + "}\n";
 }
 
 std::string PrecisionEstimate::table() const {
-    std::string text = fmt::format("precision estimate, {} (u = {:.3g}), random rounding at each node, {} runs, {:.2f} s\n",
-                                   precision, unit_roundoff, runs, seconds);
+    std::string text =
+        fmt::format("precision estimate, {} (u = {:.3g}), random rounding at each node, {} runs, {:.2f} s\n", precision,
+                    unit_roundoff, runs, seconds);
     for (const LeafEstimate& leaf : leaves) {
-        text += fmt::format("  {:<18} normwise spread {:>9}  {:.1f} digits lost\n", leaf.name, number(leaf.normwise), leaf.digits_lost);
+        text += fmt::format("  {:<18} normwise spread {:>9}  {:.1f} digits lost\n", leaf.name, number(leaf.normwise),
+                            leaf.digits_lost);
     }
     return text;
 }

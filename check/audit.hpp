@@ -75,35 +75,35 @@ struct AuditError {
 
 struct NodeAudit {
     std::uint32_t node = 0;
-    std::string op;     // "leaf", "constant" or the op's name
+    std::string op;  // "leaf", "constant" or the op's name
     std::string label;
     std::string shape;
     AuditError value, adjoint;
     AuditError local_forward;
-    AuditError local_vjp;       // the worst over the node's inputs that need a gradient
-    double local_digits = 0;    // max(local_forward, local_vjp) digits lost
-    double local_in_u = 0;      // max(local_forward, local_vjp) in units of u: the ranking key
+    AuditError local_vjp;     // the worst over the node's inputs that need a gradient
+    double local_digits = 0;  // max(local_forward, local_vjp) digits lost
+    double local_in_u = 0;    // max(local_forward, local_vjp) in units of u: the ranking key
 };
 
 struct BranchAudit {
     std::uint32_t consumer = 0;  // the node that uses the leaf
     std::uint32_t slot = 0;      // as its input number
     std::string op;
-    AuditError error;            // that edge's VJP contribution, as the low-precision run computed it
+    AuditError error;  // that edge's VJP contribution, as the low-precision run computed it
 };
 
 struct LeafAudit {
     std::uint32_t node = 0;
     std::string name;  // the leaf's label, or "leaf N"
     AuditError gradient;
-    std::vector<BranchAudit> branches;   // when the leaf feeds more than one op input
-    std::uint32_t top_contributor = 0;   // the node whose low precision alone moves this gradient most
+    std::vector<BranchAudit> branches;  // when the leaf feeds more than one op input
+    std::uint32_t top_contributor = 0;  // the node whose low precision alone moves this gradient most
     std::string top_contributor_op;
-    double top_contributor_share = 0;    // its error alone over the whole error (normwise)
+    double top_contributor_share = 0;  // its error alone over the whole error (normwise)
 };
 
 struct PrecisionAudit {
-    std::string precision;          // "float32", "float64", or "bfloat16 (computing in float32)", ...
+    std::string precision;  // "float32", "float64", or "bfloat16 (computing in float32)", ...
     double unit_roundoff = 0;
     std::vector<NodeAudit> nodes;   // ranked: largest local error first
     std::vector<LeafAudit> leaves;  // in recorded order
@@ -155,7 +155,8 @@ struct PrecisionEstimate {
 };
 
 PrecisionEstimate estimate_precision(const Tape<float>& tape, const Var<float>& J, const EstimateOptions& options = {});
-PrecisionEstimate estimate_precision(const Tape<double>& tape, const Var<double>& J, const EstimateOptions& options = {});
+PrecisionEstimate estimate_precision(const Tape<double>& tape, const Var<double>& J,
+                                     const EstimateOptions& options = {});
 
 // A value rounded to the storage format (exact for Storage::recorded): what the audit applies.
 double round_to(Storage storage, double x);

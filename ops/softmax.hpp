@@ -123,7 +123,9 @@ struct Softmax {
         const Tensor<T>& G = at.G;
         const std::size_t n = A.cols(), rows = A.size() / n;
         parallel_chunks(rows, row_grain(n), [&](std::size_t first, std::size_t last) {
-            for (std::size_t r = first; r < last; ++r) vjp_row(A.data().data() + r * n, G.data().data() + r * n, n, dS.data().data() + r * n);
+            for (std::size_t r = first; r < last; ++r) {
+                vjp_row(A.data().data() + r * n, G.data().data() + r * n, n, dS.data().data() + r * n);
+            }
         });
     }
 

@@ -125,9 +125,9 @@ struct ExpSavedOneTypeSmaller : Exp {
     }
 };
 
-const bool faults_registered = register_siblings<LayerNormNaiveVariance>() && register_siblings<SoftmaxWithoutShift>() &&
-                               register_siblings<LogSumExpWithoutShift>() && register_siblings<SigmoidFromOutput>() &&
-                               register_siblings<ExpSavedOneTypeSmaller>();
+const bool faults_registered = register_siblings<LayerNormNaiveVariance>() &&
+                               register_siblings<SoftmaxWithoutShift>() && register_siblings<LogSumExpWithoutShift>() &&
+                               register_siblings<SigmoidFromOutput>() && register_siblings<ExpSavedOneTypeSmaller>();
 
 Tensor<float> float_tensor(const Shape& shape, std::mt19937_64& rng, double low, double high) {
     std::uniform_real_distribution<double> uniform(low, high);
@@ -173,9 +173,8 @@ const std::vector<FaultCase> fault_cases = {
      [](Tape<float>& tape, bool faulty) {
          std::mt19937_64 rng(13);
          const auto X = tape.leaf(float_tensor(Shape{4, 8}, rng, -104, -96), "X");
-         return positive_probe(faulty ? tape.record<LogSumExpWithoutShift>({X}, reduction::Settings{1, false})
-                                      : logsumexp(X, 1),
-                               rng);
+         return positive_probe(
+             faulty ? tape.record<LogSumExpWithoutShift>({X}, reduction::Settings{1, false}) : logsumexp(X, 1), rng);
      }},
     {"sigmoid's derivative from its saturated output, inputs 17 to 25", "sigmoid", SigmoidFromOutput::name,
      [](Tape<float>& tape, bool faulty) {
@@ -223,8 +222,8 @@ HeldOut<T> held_out_graph(Tape<T>& tape, const std::vector<Tensor<float>>& value
 
 std::vector<Tensor<float>> held_out_values(std::size_t T, std::size_t D, std::size_t d, std::uint64_t seed) {
     std::mt19937_64 rng(seed);
-    return {float_tensor(Shape{T, D}, rng, -2, 2),   float_tensor(Shape{D}, rng, 0.5, 1.5),
-            float_tensor(Shape{D}, rng, -0.5, 0.5),  float_tensor(Shape{D, d}, rng, -0.5, 0.5),
+    return {float_tensor(Shape{T, D}, rng, -2, 2),     float_tensor(Shape{D}, rng, 0.5, 1.5),
+            float_tensor(Shape{D}, rng, -0.5, 0.5),    float_tensor(Shape{D, d}, rng, -0.5, 0.5),
             float_tensor(Shape{D, d}, rng, -0.5, 0.5), float_tensor(Shape{D, d}, rng, -0.5, 0.5),
             float_tensor(Shape{d, D}, rng, -0.5, 0.5)};
 }
@@ -241,7 +240,7 @@ BOOST_AUTO_TEST_CASE(storage_formats_round_as_ieee_and_bfloat16) {
     // binary16: 11 bits, largest 65504, subnormals down to 2⁻²⁴.
     BOOST_TEST(round_to(Storage::float16, 65519.0) == 65504.0);
     BOOST_TEST(std::isinf(round_to(Storage::float16, 65520.0)));
-    BOOST_TEST(round_to(Storage::float16, 0x1p-25) == 0.0);           // a tie between 0 and 2⁻²⁴: even
+    BOOST_TEST(round_to(Storage::float16, 0x1p-25) == 0.0);  // a tie between 0 and 2⁻²⁴: even
     BOOST_TEST(round_to(Storage::float16, 3 * 0x1p-26) == 0x1p-24);
     BOOST_TEST(round_to(Storage::float16, 1 + 0x1p-11) == 1.0);
     BOOST_TEST(round_to(Storage::float16, -(1 + 3 * 0x1p-11)) == -(1 + 0x1p-9));
@@ -294,10 +293,11 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_ranked_first_by_two_digits) {
         const PrecisionAudit faulty = audit_precision(faulty_tape, J_faulty);
         const NodeAudit& good = node_of_op(correct, c.correct_op);
         const NodeAudit& bad = node_of_op(faulty, c.faulty_op);
-        BOOST_TEST_MESSAGE(fmt::format("{}: correct op loses {:.2f} digits, faulty op {:.2f} (forward {:.2f}, VJP {:.2f}); "
-                                       "ranked first: {}",
-                                       c.name, good.local_digits, bad.local_digits, bad.local_forward.digits_lost,
-                                       bad.local_vjp.digits_lost, faulty.worst().op));
+        BOOST_TEST_MESSAGE(
+            fmt::format("{}: correct op loses {:.2f} digits, faulty op {:.2f} (forward {:.2f}, VJP {:.2f}); "
+                        "ranked first: {}",
+                        c.name, good.local_digits, bad.local_digits, bad.local_forward.digits_lost,
+                        bad.local_vjp.digits_lost, faulty.worst().op));
         // For the record (the estimate perturbs results, not an op's arithmetic): what random
         // rounding alone says of the faulty graph's first leaf, against the truth.
         BOOST_TEST_MESSAGE(fmt::format("  first leaf's gradient error: true {:.2e}, random-rounding estimate {:.2e}",
@@ -390,7 +390,8 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_by_name) {
     };
     BOOST_CHECK_EXCEPTION(audit_precision(tape, Y), shape_error, message("audit_precision: J must hold one element"));
     const Var<float> J_other = sum(other.leaf(Tensor<float>(Shape{2}, 1.0f)));
-    BOOST_CHECK_EXCEPTION(audit_precision(tape, J_other), usage_error, message("audit_precision: J is not a value of this tape"));
+    BOOST_CHECK_EXCEPTION(audit_precision(tape, J_other), usage_error,
+                          message("audit_precision: J is not a value of this tape"));
 }
 
 // The Monte Carlo estimate (no 50 digits) against the audit's 50-digit truth, where both run: the

@@ -51,5 +51,6 @@ BOOST_AUTO_TEST_CASE(rejected_and_rejects_say_when_a_fault_control_slips_through
     BOOST_TEST(message_text(same).find("broken variant passed its check") != std::string::npos, message_text(same));
     // The broken op offered as the correct one: its failure is named too.
     const boost::test_tools::predicate_result swapped = rejects(broken_softmax_op, broken_softmax_op, rng, Shape{2, 3});
-    BOOST_TEST(message_text(swapped).find("the correct op failed its check") != std::string::npos, message_text(swapped));
+    BOOST_TEST(message_text(swapped).find("the correct op failed its check") != std::string::npos,
+               message_text(swapped));
 }

@@ -25,7 +25,8 @@ using namespace tapegrad;
 
 constexpr int exit_ok = 0, exit_error = 1, exit_usage = cli::exit_usage;
 
-constexpr std::string_view description = R"(tapegrad-audit: which node of a float32 (or double) graph loses the digits of its gradients.
+constexpr std::string_view description =
+    R"(tapegrad-audit: which node of a float32 (or double) graph loses the digits of its gradients.
 
 The graph is re-run at 50 digits on the same leaves and constants (the truth). Each node is
 ranked by the digits it loses itself: its op evaluated in the tape's precision on exact inputs,
@@ -106,7 +107,9 @@ void audit_block(const Settings& s) {
     const auto W_O = tape.leaf(uniform(Shape{s.head_width, s.width}, -a, a, generator), "W_O");
     const Var<float> O = causal_attention(layer_norm(X, gain, bias), W_Q, W_K, W_V).O;
     const Var<float> J = sum(logsumexp(add(X, gelu(matmul(O, W_O))), 1));
-    if (!s.quiet) fmt::print(stderr, "attention block T = {}, D = {}, d = {}: {} nodes\n", s.tokens, s.width, s.head_width, tape.size());
+    if (!s.quiet)
+        fmt::print(stderr, "attention block T = {}, D = {}, d = {}: {} nodes\n", s.tokens, s.width, s.head_width,
+                   tape.size());
     report(s, tape, J);
 }
 
@@ -123,8 +126,7 @@ std::optional<Settings> parse(int argc, char** argv) {
     po::options_description options{std::string(description)};
     using cli::integer;
     constexpr std::size_t one = 1;
-    options.add_options()("help,h", "this text")(
-        "tape", po::value(&s.tape), "audit this saved tape")(
+    options.add_options()("help,h", "this text")("tape", po::value(&s.tape), "audit this saved tape")(
         "tokens,T", integer(&s.tokens, one)->default_value(s.tokens), "the block's sequence length T")(
         "width,D", integer(&s.width, one)->default_value(s.width), "the block's width D")(
         "head-width,d", integer(&s.head_width, one)->default_value(s.head_width), "the block's projection width d")(
@@ -146,7 +148,8 @@ std::optional<Settings> parse(int argc, char** argv) {
     if (!s.tape.empty()) {
         for (const char* block_option : {"tokens", "width", "head-width", "seed"}) {
             if (!values[block_option].defaulted()) {
-                throw po::error(fmt::format("--{} describes the built-in block; --tape audits the saved tape as it is", block_option));
+                throw po::error(fmt::format("--{} describes the built-in block; --tape audits the saved tape as it is",
+                                            block_option));
             }
         }
     }
