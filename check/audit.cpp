@@ -27,6 +27,13 @@
 
 namespace tapegrad {
 
+std::optional<Storage> storage_named(std::string_view name) {
+    if (name == "recorded") return Storage::recorded;
+    if (name == "bfloat16") return Storage::bfloat16;
+    if (name == "float16") return Storage::float16;
+    return std::nullopt;
+}
+
 double round_to(Storage storage, double x) {
     // Round to nearest, ties to even, at `bits` significant bits, with gradual underflow below
     // 2^min_exponent and overflow to inf past the format's largest finite value.

@@ -45,7 +45,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tapegrad {
@@ -157,6 +159,10 @@ struct PrecisionEstimate {
 PrecisionEstimate estimate_precision(const Tape<float>& tape, const Var<float>& J, const EstimateOptions& options = {});
 PrecisionEstimate estimate_precision(const Tape<double>& tape, const Var<double>& J,
                                      const EstimateOptions& options = {});
+
+// The format named "recorded", "bfloat16" or "float16" (the programs' --storage words); nothing
+// for another name.
+std::optional<Storage> storage_named(std::string_view name);
 
 // A value rounded to the storage format (exact for Storage::recorded): what the audit applies.
 double round_to(Storage storage, double x);

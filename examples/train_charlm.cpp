@@ -131,7 +131,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         throw cli::usage_error("--save-tape saves the tape of the step --check-step or --audit-step takes; give one of them");
     }
     if (r.check_step && r.audit_step) throw cli::usage_error("--check-step and --audit-step: choose one");
-    if (r.audit_storage != "recorded" && r.audit_storage != "bfloat16" && r.audit_storage != "float16") {
+    if (!storage_named(r.audit_storage)) {
         throw cli::usage_error(fmt::format("--audit-storage must be recorded, bfloat16 or float16, not '{}'", r.audit_storage));
     }
     try {
@@ -234,9 +234,7 @@ int audit_one_step(BasicCharLmTrainer<T>& trainer, const RunOptions& r) {
         fmt::print("step {}: tape saved to {}\n", trainer.steps_done(), r.save_tape);
     }
     AuditOptions options;
-    options.storage = r.audit_storage == "bfloat16" ? Storage::bfloat16
-                      : r.audit_storage == "float16" ? Storage::float16
-                                                     : Storage::recorded;
+    options.storage = *storage_named(r.audit_storage);  // checked when the command line was read
     options.progress = true;
     fmt::print("step {}: loss {:.4f} nats/char; auditing its tape ({} nodes) against its 50-digit re-run\n",
                trainer.steps_done(), loss, trainer.last_step_tape().size());

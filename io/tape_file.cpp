@@ -427,17 +427,19 @@ std::string text_of(const Tape<T>& tape, const Var<T>& output) {
     return text;
 }
 
-void write_atomically(const std::string& file, const std::string& text) {
+}  // namespace
+
+void write_text_atomically(const std::string& file, const std::string& text, std::string_view who) {
     const std::string partial = fmt::format("{}.partial-{}", file, ::getpid());
     {
         std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-        if (!out) throw io_error(fmt::format("save_tape: cannot create '{}': {}", partial, std::strerror(errno)));
+        if (!out) throw io_error(fmt::format("{}: cannot create '{}': {}", who, partial, std::strerror(errno)));
         out.write(text.data(), std::streamsize(text.size()));
         out.close();
         if (!out) {
             std::error_code ignored;
             std::filesystem::remove(partial, ignored);
-            throw io_error(fmt::format("save_tape: error writing '{}'", partial));
+            throw io_error(fmt::format("{}: error writing '{}'", who, partial));
         }
     }
     std::error_code error;
@@ -445,10 +447,11 @@ void write_atomically(const std::string& file, const std::string& text) {
     if (error) {
         std::error_code ignored;
         std::filesystem::remove(partial, ignored);
-        throw io_error(fmt::format("save_tape: cannot rename '{}' to '{}': {}", partial, file,
-                                   error.message()));
+        throw io_error(fmt::format("{}: cannot rename '{}' to '{}': {}", who, partial, file, error.message()));
     }
 }
+
+namespace {
 
 // ---- loading: the whole document validated, then recorded ----
 
@@ -645,10 +648,10 @@ std::string tape_file_text(const Tape<double>& tape, const Var<double>& output) 
 std::string tape_file_text(const Tape<float>& tape, const Var<float>& output) { return text_of(tape, output); }
 
 void save_tape(const std::string& file, const Tape<double>& tape, const Var<double>& output) {
-    write_atomically(file, text_of(tape, output));
+    write_text_atomically(file, text_of(tape, output), "save_tape");
 }
 void save_tape(const std::string& file, const Tape<float>& tape, const Var<float>& output) {
-    write_atomically(file, text_of(tape, output));
+    write_text_atomically(file, text_of(tape, output), "save_tape");
 }
 
 TapeFileScalar parse_tape_scalar(std::string_view text, std::string_view source) {

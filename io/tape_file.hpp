@@ -47,6 +47,11 @@ std::string tape_file_text(const Tape<float>& tape, const Var<float>& output);
 void save_tape(const std::string& file, const Tape<double>& tape, const Var<double>& output);
 void save_tape(const std::string& file, const Tape<float>& tape, const Var<float>& output);
 
+// `text` into `file` through a temporary file (`file`.partial-<pid>) renamed into place, so the
+// file holds its old content or all of the new, never a part; io_error naming `who` otherwise.
+// What save_tape writes with; any program's output file may use it.
+void write_text_atomically(const std::string& file, const std::string& text, std::string_view who);
+
 // The scalar type a saved tape holds (the document is validated as by load_tape, without
 // recording anything).
 TapeFileScalar tape_file_scalar(const std::string& file);

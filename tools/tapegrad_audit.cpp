@@ -12,8 +12,6 @@
 
 #include <cstdio>
 #include <exception>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 #include <random>
 #include <string>
@@ -55,10 +53,9 @@ struct Settings {
 };
 
 Storage storage_of(const std::string& name) {
-    if (name == "recorded") return Storage::recorded;
-    if (name == "bfloat16") return Storage::bfloat16;
-    if (name == "float16") return Storage::float16;
-    throw po::error(fmt::format("--storage '{}': recorded, bfloat16 or float16", name));
+    const std::optional<Storage> storage = storage_named(name);
+    if (!storage) throw po::error(fmt::format("--storage '{}': recorded, bfloat16 or float16", name));
+    return *storage;
 }
 
 Tensor<float> uniform(const Shape& shape, double low, double high, std::mt19937_64& generator) {
@@ -68,20 +65,6 @@ Tensor<float> uniform(const Shape& shape, double low, double high, std::mt19937_
     return t;
 }
 
-// Writes `text` to `path` through a temporary file renamed into place: no half-written file.
-void write_file(const std::string& path, const std::string& text) {
-    const std::string partial = path + ".partial";
-    {
-        std::ofstream file(partial, std::ios::binary);
-        if (!(file << text) || !file.flush()) {
-            std::error_code ignored;
-            std::filesystem::remove(partial, ignored);
-            throw io_error(fmt::format("tapegrad-audit: cannot write '{}'", path));
-        }
-    }
-    std::filesystem::rename(partial, path);
-}
-
 template <Scalar S>
 void report(const Settings& s, const Tape<S>& tape, const Var<S>& J) {
     AuditOptions options;
@@ -89,8 +72,8 @@ void report(const Settings& s, const Tape<S>& tape, const Var<S>& J) {
     options.progress = !s.quiet;
     const PrecisionAudit audit = audit_precision(tape, J, options);
     fmt::print("{}", audit.table(s.rows));
-    if (!s.json.empty()) write_file(s.json, audit.json());
-    if (!s.dot.empty()) write_file(s.dot, audit.dot());
+    if (!s.json.empty()) write_text_atomically(s.json, audit.json(), "tapegrad-audit");
+    if (!s.dot.empty()) write_text_atomically(s.dot, audit.dot(), "tapegrad-audit");
 }
 
 void audit_block(const Settings& s) {
