@@ -1,7 +1,7 @@
 // Helpers shared by the project's own tests, beyond the public drive they use (tapegrad_testing.hpp: the
 // op tables' one-line checks, random tensors, the probe, the Boost.Test predicates): printing
-// tensors in failed comparisons, exception messages, the first fault control, and the comparison
-// of two reports of one graph.
+// tensors in failed comparisons, exception messages and the misuse tables' runner, the first fault
+// control, and the comparison of two reports of one graph.
 #pragma once
 
 #include "tapegrad_testing.hpp"
@@ -15,6 +15,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace tapegrad {
 
@@ -38,6 +39,43 @@ std::string message_of(F f) {
         return e.what();
     }
     return "(no exception of the expected type)";
+}
+
+// The misuse tables (tests/test_errors.cpp and the op families' files): one row per misuse, with
+// the exception type it must raise and words its message must hold; Act is the row's action,
+// which the table's test case calls on fresh inputs through expect_named_error.
+enum class ErrorKind { shape, value, usage };
+
+template <class Act>
+struct Misuse {
+    std::string what;
+    ErrorKind kind;
+    Act act;
+    std::vector<std::string> words;  // each must appear in the message
+};
+
+// Calls `perform` (the row's action on fresh inputs): it must raise a tapegrad::error of the row's
+// kind whose message holds each of the row's words.
+template <class Act, class Perform>
+void expect_named_error(const Misuse<Act>& row, Perform perform) {
+    BOOST_TEST_CONTEXT(row.what) {
+        bool caught = false;
+        try {
+            perform();
+        } catch (const tapegrad::error& e) {
+            caught = true;
+            const std::string message = e.what();
+            BOOST_TEST_MESSAGE(row.what << ": " << message);
+            const bool right_kind = row.kind == ErrorKind::shape   ? dynamic_cast<const shape_error*>(&e) != nullptr
+                                    : row.kind == ErrorKind::value ? dynamic_cast<const value_error*>(&e) != nullptr
+                                                                   : dynamic_cast<const usage_error*>(&e) != nullptr;
+            BOOST_TEST(right_kind, "wrong exception type for: " << message);
+            for (const std::string& word : row.words) {
+                BOOST_TEST(message.find(word) != std::string::npos, "'" << word << "' missing from: " << message);
+            }
+        }
+        BOOST_TEST(caught, "no tapegrad::error raised");
+    }
 }
 
 template <class V>
@@ -116,7 +154,7 @@ inline void check_op_table(const std::vector<OpCase>& table, std::uint64_t seed,
 
 // Every op struct of the library on one tape (inputs away from every kink, seeded), J its scalar
 // output: what the re-run (test_rerun) and the saved tapes (test_tape_file) are proven on. Its op
-// names are library_op_names(), the library's op list (ops/instances/siblings.cpp, io/tape_file.cpp).
+// names are library_op_names(), the library's op list (src/instances/siblings.cpp, src/io/tape_file.cpp).
 inline Var<double> every_op_graph(Tape<double>& tape, std::uint64_t seed = 17) {
     std::mt19937_64 rng(seed);
     const auto positive = [&](const Shape& shape) {  // in [0.2, 1.2): away from 0, the kinks and the clamp bounds
