@@ -2,8 +2,9 @@
 // fused attention's tile rows) are compiled once per instruction-set level inside the library
 // (src/cpu/), and the best level this CPU supports is chosen at run time, so a user's plain
 // Release build gets AVX2 or AVX-512 code without any flag. This header declares the level API
-// and the compiled kernels; the header-only code (autodiff/kernels.hpp, ops/fast/) calls them for
-// float and double, and keeps its generic loops for every other scalar (the 50-digit type).
+// and the engine's compiled kernels (the ops' are in ops/fast/kernels.hpp); the header-only code
+// (autodiff/kernels.hpp, ops/fast/) calls them for float and double, and keeps its generic loops
+// for every other scalar (the 50-digit type).
 // The environment variable TAPEGRAD_CPU=baseline|avx2|avx512 forces a level at start-up.
 #pragma once
 
@@ -21,7 +22,7 @@ enum class CpuLevel { baseline, avx2, avx512 };
 
 inline constexpr std::array<CpuLevel, 3> all_cpu_levels{CpuLevel::baseline, CpuLevel::avx2, CpuLevel::avx512};
 
-// The word TAPEGRAD_CPU takes for a level (and what benchmarks print as cpu=<level>).
+// The word TAPEGRAD_CPU takes for a level (and what benchmarks print as `cpu=<level>`).
 constexpr std::string_view cpu_level_name(CpuLevel level) {
     switch (level) {
         case CpuLevel::baseline: return "baseline";
@@ -51,47 +52,30 @@ namespace kernels {
 enum class Form { ab, abT, aTb };
 }  // namespace kernels
 
-// The kernels compiled per level, for float and double, each running at cpu_level().
-namespace compiled {
-// Rows [first, first + rows) of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
-void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const double* A, const double* B,
-               double* C, bool accumulate, std::size_t first, std::size_t rows);
-void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B,
-               float* C, bool accumulate, std::size_t first, std::size_t rows);
-// weights = exp(scores − row_max) / Σ exp(scores − row_max), −inf scores giving exactly 0.
-void softmax_row(const double* scores, std::size_t n, double row_max, double* weights);
-void softmax_row(const float* scores, std::size_t n, float row_max, float* weights);
-// dS[k] = weights[k]·(upstream[k] − Σ_j upstream[j]·weights[j]) (softmax's VJP, one row).
-void softmax_vjp_row(const double* weights, const double* upstream, std::size_t n, double* dS);
-void softmax_vjp_row(const float* weights, const float* upstream, std::size_t n, float* dS);
-// x[k] = exp(x[k] − shift).
-void exp_shifted(double* x, std::size_t n, double shift);
-void exp_shifted(float* x, std::size_t n, float shift);
-// x[k] = c·x[k]; returns whether every result is finite.
-bool scale_row(double* x, std::size_t n, double c);
-bool scale_row(float* x, std::size_t n, float c);
-// max(x[0..n)) for n ≥ 1 (NaN when any element is NaN), and Σ x[0..n).
-double max_of(const double* x, std::size_t n);
-float max_of(const float* x, std::size_t n);
-double sum_of(const double* x, std::size_t n);
-float sum_of(const float* x, std::size_t n);
-// p[k] = c·(p[k]·(dp[k] − mean)).
-void score_gradient_row(double* p, const double* dp, std::size_t n, double mean, double c);
-void score_gradient_row(float* p, const float* dp, std::size_t n, float mean, float c);
-// Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
-bool any_nan(const double* x, std::size_t n);
-bool any_nan(const float* x, std::size_t n);
-// GELU's tanh form (ops/gelu.hpp): y[k] = gelu(a[k]), and da[k] = g[k]·gelu'(a[k]).
-void gelu_tanh(const double* a, std::size_t n, double* y);
-void gelu_tanh(const float* a, std::size_t n, float* y);
-void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da);
-void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da);
-// n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,
-// first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
-void deinterleave(const double* pairs, std::size_t n, double* first, double* second);
-void deinterleave(const float* pairs, std::size_t n, float* first, float* second);
-void interleave(const double* first, const double* second, std::size_t n, double* pairs, bool accumulate);
-void interleave(const float* first, const float* second, std::size_t n, float* pairs, bool accumulate);
-}  // namespace compiled
+// The engine's kernels (products, the tape's NaN scan, the dual planes), compiled once per level for
+// float and double: one table per level and type, filled by name (src/cpu/level_kernels.hpp, with
+// designated initializers, so two kernels of the same signature cannot change places unnoticed).
+// The ops' own kernels (softmax rows, fused attention's rows, GELU) sit beside the ops, in
+// ops/fast/kernels.hpp: adding an op's kernel does not touch the engine.
+template <class T>
+struct EngineKernels {
+    // Rows [first, first + rows) of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
+    void (*gemm_rows)(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+                      bool accumulate, std::size_t first, std::size_t rows);
+    // Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
+    bool (*any_nan)(const T* x, std::size_t n);
+    // n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,
+    // first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
+    void (*deinterleave)(const T* pairs, std::size_t n, T* first, T* second);
+    void (*interleave)(const T* first, const T* second, std::size_t n, T* pairs, bool accumulate);
+};
+
+// The engine kernels of the level running now (cpu_level()), for T = float or double.
+template <class T>
+const EngineKernels<T>& engine_kernels();
+template <>
+const EngineKernels<double>& engine_kernels<double>();
+template <>
+const EngineKernels<float>& engine_kernels<float>();
 
 }  // namespace tapegrad

@@ -4,12 +4,13 @@
 // autodiff/kernels.hpp (Eigen for double, the plain loop for 50 digits), never an element loop
 // over dual numbers. A tangent plane that is all zero (a constant operand: a probe G, a mask, the
 // seed of a backward) is skipped, so a product with a constant costs two GEMMs, not three.
-// kernels.hpp includes this file at its end: `kernels::gemm` on Dual pointers picks this overload.
+// Include this file, not kernels.hpp, where kernels::gemm is called on a template's scalar: the
+// call then picks this overload for Dual pointers (ops/matmul.hpp, ops/fused_attention.hpp).
 #pragma once
 
 #include "autodiff/cpu.hpp"
 #include "autodiff/dual.hpp"
-#include "autodiff/kernels.hpp"  // Form and the real gemm (which includes this file at its end)
+#include "autodiff/kernels.hpp"  // Form and the real gemm
 #include "autodiff/scalar.hpp"
 
 #include <algorithm>
@@ -31,7 +32,7 @@ bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<
     if constexpr (has_compiled_kernels<T>) {
         // The compiled kernel splits the pairs at the CPU's level (the element loop, compiled at the
         // baseline's, was 8.5% of a T = 64 HVP).
-        compiled::deinterleave(pairs_of(x), n, values.data(), tangents.data());
+        engine_kernels<T>().deinterleave(pairs_of(x), n, values.data(), tangents.data());
     } else {
         for (std::size_t k = 0; k < n; ++k) {
             values[k] = x[k].value();
@@ -46,7 +47,7 @@ template <Scalar T>
 void merge(const std::vector<T>& values, const std::vector<T>& tangents, Dual<T>* C, bool accumulate) {
     const std::size_t n = values.size();
     if constexpr (has_compiled_kernels<T>) {
-        compiled::interleave(values.data(), tangents.data(), n, pairs_of(C), accumulate);
+        engine_kernels<T>().interleave(values.data(), tangents.data(), n, pairs_of(C), accumulate);
     } else if (accumulate) {
         for (std::size_t x = 0; x < n; ++x) C[x] += Dual<T>(values[x], tangents[x]);
     } else {

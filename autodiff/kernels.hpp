@@ -4,7 +4,9 @@
 // autodiff/cpu.hpp); any other scalar (the 50-digit reference type) takes a plain loop ordered
 // for contiguous access. A large float/double product is split by rows of C over the library's
 // threads (autodiff/parallel.hpp); each row of C is computed by one thread as it would be by a
-// single one.
+// single one. Products of dual matrices (forward mode) are an overload in autodiff/dual_kernels.hpp,
+// which includes this file: code that calls kernels::gemm on any scalar (the ops) includes that one,
+// so the dual overload is declared wherever the call is.
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -32,14 +34,14 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
                                         ? 1
                                         : std::min<std::size_t>(thread_count(), std::max<std::size_t>(1, m / rows_per_thread));
         if (workers <= 1) {
-            compiled::gemm_rows(form, m, n, k, A, B, C, accumulate, 0, m);
+            engine_kernels<T>().gemm_rows(form, m, n, k, A, B, C, accumulate, 0, m);
             return;
         }
         // Rows [first, first + block) of C: each thread writes its own rows.
         const std::size_t block = (m + workers - 1) / workers;
         parallel_for((m + block - 1) / block, [&](std::size_t w, unsigned) {
             const std::size_t first = w * block;
-            compiled::gemm_rows(form, m, n, k, A, B, C, accumulate, first, std::min(block, m - first));
+            engine_kernels<T>().gemm_rows(form, m, n, k, A, B, C, accumulate, first, std::min(block, m - first));
         });
     } else {
         if (!accumulate) {
@@ -73,7 +75,3 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
 }
 
 }  // namespace tapegrad::kernels
-
-// Dual numbers (forward mode): their products split into value and tangent planes and come back
-// here as real products.
-#include "autodiff/dual_kernels.hpp"

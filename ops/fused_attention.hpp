@@ -39,7 +39,7 @@
 #pragma once
 
 #include "autodiff/instances.hpp"
-#include "autodiff/kernels.hpp"
+#include "autodiff/dual_kernels.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/checks.hpp"

@@ -17,6 +17,7 @@
 #include "autodiff/cpu.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/checks.hpp"
+#include "ops/fast/kernels.hpp"
 
 namespace tapegrad {
 
@@ -80,7 +81,7 @@ struct Gelu {
         const Tensor<T>& A = *in[0];
         Y.resize(A.shape());
         if constexpr (has_compiled_kernels<T>) {
-            if (s.form == GeluForm::tanh) return compiled::gelu_tanh(A.data().data(), A.size(), Y.data().data());
+            if (s.form == GeluForm::tanh) return op_kernels<T>().gelu_tanh(A.data().data(), A.size(), Y.data().data());
         }
         for (std::size_t k = 0; k < A.size(); ++k) Y[k] = value(s.form, A[k]);
     }
@@ -90,7 +91,7 @@ struct Gelu {
         const Tensor<T>& A = *at.in[0];
         if constexpr (has_compiled_kernels<T>) {
             if (s.form == GeluForm::tanh) {
-                return compiled::gelu_tanh_vjp(A.data().data(), at.G.data().data(), A.size(), dA.data().data());
+                return op_kernels<T>().gelu_tanh_vjp(A.data().data(), at.G.data().data(), A.size(), dA.data().data());
             }
         }
         for (std::size_t k = 0; k < A.size(); ++k) dA[k] = at.G[k] * slope(s.form, A[k]);

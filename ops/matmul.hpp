@@ -9,7 +9,7 @@
 
 #include "autodiff/instances.hpp"
 #include "ops/checks.hpp"
-#include "autodiff/kernels.hpp"
+#include "autodiff/dual_kernels.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/fast/matmul_update.hpp"
 

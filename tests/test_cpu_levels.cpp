@@ -220,9 +220,9 @@ void check_exponentials_do_not_depend_on_their_block() {
     std::vector<T> whole(64), pieces(64);
     for (std::size_t j = 0; j < 64; ++j) whole[j] = pieces[j] = static_cast<T>(draws[j]);
     const T shift = T(1.5);
-    compiled::exp_shifted(whole.data(), 64, shift);  // one block of 64
-    compiled::exp_shifted(pieces.data(), 21, shift);  // 16 + 5: two tail blocks
-    compiled::exp_shifted(pieces.data() + 21, 43, shift);  // 16 + 16 + 11
+    op_kernels<T>().exp_shifted(whole.data(), 64, shift);  // one block of 64
+    op_kernels<T>().exp_shifted(pieces.data(), 21, shift);  // 16 + 5: two tail blocks
+    op_kernels<T>().exp_shifted(pieces.data() + 21, 43, shift);  // 16 + 16 + 11
     for (std::size_t j = 0; j < 64; ++j) BOOST_TEST(pieces[j] == whole[j], "element " << j);
 }
 
@@ -300,14 +300,14 @@ template <class T>
 void check_planes_at_level(std::size_t n) {
     std::vector<T> pairs(2 * n), first(n), second(n);
     for (std::size_t k = 0; k < 2 * n; ++k) pairs[k] = T(k) + T(0.25);
-    compiled::deinterleave(pairs.data(), n, first.data(), second.data());
+    engine_kernels<T>().deinterleave(pairs.data(), n, first.data(), second.data());
     bool placed = true;
     for (std::size_t k = 0; k < n; ++k) placed = placed && first[k] == pairs[2 * k] && second[k] == pairs[2 * k + 1];
     BOOST_TEST(placed, "deinterleave, n = " << n);
     std::vector<T> merged(2 * n, T(-1));
-    compiled::interleave(first.data(), second.data(), n, merged.data(), false);
+    engine_kernels<T>().interleave(first.data(), second.data(), n, merged.data(), false);
     BOOST_TEST(merged == pairs, "interleave, n = " << n);
-    compiled::interleave(first.data(), second.data(), n, merged.data(), true);
+    engine_kernels<T>().interleave(first.data(), second.data(), n, merged.data(), true);
     bool doubled = true;
     for (std::size_t k = 0; k < 2 * n; ++k) doubled = doubled && merged[k] == 2 * pairs[k];
     BOOST_TEST(doubled, "interleave accumulating, n = " << n);
@@ -358,11 +358,11 @@ void check_offsets_at_every_level() {
             std::vector<T>& r = results[offset];
             const std::vector<T> scores = placed(offset, 301);
             std::vector<T> weights(offset + 301);
-            compiled::softmax_row(scores.data() + offset, 301, T(3), weights.data() + offset);
+            op_kernels<T>().softmax_row(scores.data() + offset, 301, T(3), weights.data() + offset);
             r.assign(weights.begin() + std::ptrdiff_t(offset), weights.end());
-            r.push_back(compiled::sum_of(scores.data() + offset, 301));
+            r.push_back(op_kernels<T>().sum_of(scores.data() + offset, 301));
             std::vector<T> dS(offset + 301);
-            compiled::softmax_vjp_row(weights.data() + offset, scores.data() + offset, 301, dS.data() + offset);
+            op_kernels<T>().softmax_vjp_row(weights.data() + offset, scores.data() + offset, 301, dS.data() + offset);
             r.insert(r.end(), dS.begin() + std::ptrdiff_t(offset), dS.end());
             // A tiny product (plain loops) and one through the blocked GEMM.
             for (const std::size_t size : {5, 40}) {

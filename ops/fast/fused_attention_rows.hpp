@@ -10,6 +10,7 @@
 
 #include "autodiff/cpu.hpp"
 #include "autodiff/tensor.hpp"
+#include "ops/fast/kernels.hpp"
 
 #include <algorithm>
 #include <cstddef>
@@ -23,7 +24,7 @@ inline constexpr bool vectorised = has_compiled_kernels<T>;
 template <Scalar T>
 void exp_shifted(T* x, std::size_t n, const T& shift) {
     if constexpr (vectorised<T>) {
-        compiled::exp_shifted(x, n, shift);
+        op_kernels<T>().exp_shifted(x, n, shift);
     } else {
         using std::exp;
         for (std::size_t k = 0; k < n; ++k) x[k] = exp(T(x[k] - shift));
@@ -34,7 +35,7 @@ void exp_shifted(T* x, std::size_t n, const T& shift) {
 template <Scalar T>
 std::size_t scale_checked(T* x, std::size_t n, const T& c) {
     if constexpr (vectorised<T>) {
-        if (compiled::scale_row(x, n, c)) return n;
+        if (op_kernels<T>().scale_row(x, n, c)) return n;
     } else {
         for (std::size_t k = 0; k < n; ++k) x[k] = T(c * x[k]);
     }
@@ -47,7 +48,7 @@ std::size_t scale_checked(T* x, std::size_t n, const T& c) {
 template <Scalar T>
 T max_of(const T* x, std::size_t n, const T& start) {
     if constexpr (vectorised<T>) {
-        return n == 0 ? start : std::max(start, compiled::max_of(x, n));
+        return n == 0 ? start : std::max(start, op_kernels<T>().max_of(x, n));
     } else {
         T best = start;
         for (std::size_t k = 0; k < n; ++k) best = std::max(best, x[k]);
@@ -59,7 +60,7 @@ T max_of(const T* x, std::size_t n, const T& start) {
 template <Scalar T>
 T sum_of(const T* x, std::size_t n) {
     if constexpr (vectorised<T>) {
-        return compiled::sum_of(x, n);
+        return op_kernels<T>().sum_of(x, n);
     } else {
         T total(0);
         for (std::size_t k = 0; k < n; ++k) total += x[k];
@@ -71,7 +72,7 @@ T sum_of(const T* x, std::size_t n) {
 template <Scalar T>
 void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T& c) {
     if constexpr (vectorised<T>) {
-        compiled::score_gradient_row(p, dp, n, mean, c);
+        op_kernels<T>().score_gradient_row(p, dp, n, mean, c);
     } else {
         for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
     }

@@ -11,6 +11,7 @@
 #include "autodiff/dual.hpp"
 #include "autodiff/op.hpp"
 #include "autodiff/scalar.hpp"
+#include "ops/fast/kernels.hpp"
 
 #include <algorithm>
 #include <array>
@@ -25,7 +26,7 @@ namespace tapegrad::fast {
 // std::exp, several times faster); hidden positions get exactly 0.
 template <class T>
 void softmax_row_vectorised(const T* scores, std::size_t n, const T& row_max, T* weights) {
-    compiled::softmax_row(scores, n, row_max, weights);
+    op_kernels<T>().softmax_row(scores, n, row_max, weights);
 }
 
 // Rows up to this length take the op's own loops for the max and the VJP: a call into the
@@ -35,14 +36,14 @@ inline constexpr std::size_t inline_row_size = 16;
 // The largest of n ≥ 1 scores, vectorised; NaN when any score is NaN.
 template <class T>
 T row_max_vectorised(const T* scores, std::size_t n) {
-    return compiled::max_of(scores, n);
+    return op_kernels<T>().max_of(scores, n);
 }
 
 // Softmax's VJP for one row, dS_j = A_j·(G_j − Σ_k G_k A_k), vectorised (the mean summed in a fixed
 // order of 16 running sums, so its rounding differs from the generic loop's by a few ulps).
 template <class T>
 void softmax_vjp_row_vectorised(const T* weights, const T* upstream, std::size_t n, T* dS) {
-    compiled::softmax_vjp_row(weights, upstream, n, dS);
+    op_kernels<T>().softmax_vjp_row(weights, upstream, n, dS);
 }
 
 // Dual rows over float/double (forward mode and HVPs, autodiff/forward_mode.hpp): each row is split
@@ -72,10 +73,10 @@ void softmax_row_dual(const Dual<U>* scores, std::size_t n, const U& row_max, Du
     U* const S_t = S_v + n;
     U* const A_v = S_t + n;
     U* const A_t = A_v + n;
-    compiled::deinterleave(pairs_of(scores), n, S_v, S_t);
-    compiled::softmax_row(S_v, n, row_max, A_v);
-    compiled::softmax_vjp_row(A_v, S_t, n, A_t);
-    compiled::interleave(A_v, A_t, n, pairs_of(weights), false);
+    engine_kernels<U>().deinterleave(pairs_of(scores), n, S_v, S_t);
+    op_kernels<U>().softmax_row(S_v, n, row_max, A_v);
+    op_kernels<U>().softmax_vjp_row(A_v, S_t, n, A_t);
+    engine_kernels<U>().interleave(A_v, A_t, n, pairs_of(weights), false);
 }
 
 // Softmax's VJP of a dual row: dS = A ∘ (G − ⟨A, G⟩) differentiated along ε, with m = ⟨A_v, G_v⟩:
@@ -90,10 +91,10 @@ void softmax_vjp_row_dual(const Dual<U>* A, const Dual<U>* G, std::size_t n, Dua
     U* const G_t = G_v + n;
     U* const dS_v = G_t + n;
     U* const dS_t = dS_v + n;
-    compiled::deinterleave(pairs_of(A), n, A_v, A_t);
-    compiled::deinterleave(pairs_of(G), n, G_v, G_t);
-    compiled::softmax_vjp_row(A_v, G_v, n, dS_v);
-    compiled::softmax_vjp_row(A_v, G_t, n, dS_t);
+    engine_kernels<U>().deinterleave(pairs_of(A), n, A_v, A_t);
+    engine_kernels<U>().deinterleave(pairs_of(G), n, G_v, G_t);
+    op_kernels<U>().softmax_vjp_row(A_v, G_v, n, dS_v);
+    op_kernels<U>().softmax_vjp_row(A_v, G_t, n, dS_t);
     U m(0), tangent_mean(0);  // ⟨A_v, G_v⟩ and ⟨A_t, G_v⟩
     for (std::size_t j = 0; j < n; ++j) {
         m += A_v[j] * G_v[j];

@@ -1,5 +1,5 @@
-// Chooses the instruction-set level the compiled kernels run at, and forwards each kernel call
-// of autodiff/cpu.hpp to that level's table. The choice is made once, at the first call:
+// Chooses the instruction-set level the compiled kernels run at, and hands out that level's
+// tables (engine_kernels<T>(), autodiff/cpu.hpp; op_kernels<T>(), ops/fast/kernels.hpp). The choice is made once, at the first call:
 // TAPEGRAD_CPU when set, else the best level built in that the CPU supports (CPUID, through
 // __builtin_cpu_supports, which also checks that the OS saves the AVX/AVX-512 registers).
 #include "src/cpu/kernel_table.hpp"
@@ -100,64 +100,21 @@ void set_cpu_level(CpuLevel level) {
     active_slot().store(table_of(level));
 }
 
-namespace compiled {
-
-void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const double* A, const double* B,
-               double* C, bool accumulate, std::size_t first, std::size_t rows) {
-    active().f64.gemm_rows(form, m, n, k, A, B, C, accumulate, first, rows);
+template <>
+const EngineKernels<double>& engine_kernels<double>() {
+    return active().engine_f64;
 }
-void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B,
-               float* C, bool accumulate, std::size_t first, std::size_t rows) {
-    active().f32.gemm_rows(form, m, n, k, A, B, C, accumulate, first, rows);
+template <>
+const EngineKernels<float>& engine_kernels<float>() {
+    return active().engine_f32;
 }
-void softmax_row(const double* scores, std::size_t n, double row_max, double* weights) {
-    active().f64.softmax_row(scores, n, row_max, weights);
+template <>
+const OpKernels<double>& op_kernels<double>() {
+    return active().ops_f64;
 }
-void softmax_row(const float* scores, std::size_t n, float row_max, float* weights) {
-    active().f32.softmax_row(scores, n, row_max, weights);
-}
-void softmax_vjp_row(const double* weights, const double* upstream, std::size_t n, double* dS) {
-    active().f64.softmax_vjp_row(weights, upstream, n, dS);
-}
-void softmax_vjp_row(const float* weights, const float* upstream, std::size_t n, float* dS) {
-    active().f32.softmax_vjp_row(weights, upstream, n, dS);
-}
-void exp_shifted(double* x, std::size_t n, double shift) { active().f64.exp_shifted(x, n, shift); }
-void exp_shifted(float* x, std::size_t n, float shift) { active().f32.exp_shifted(x, n, shift); }
-bool scale_row(double* x, std::size_t n, double c) { return active().f64.scale_row(x, n, c); }
-bool scale_row(float* x, std::size_t n, float c) { return active().f32.scale_row(x, n, c); }
-double max_of(const double* x, std::size_t n) { return active().f64.max_of(x, n); }
-float max_of(const float* x, std::size_t n) { return active().f32.max_of(x, n); }
-double sum_of(const double* x, std::size_t n) { return active().f64.sum_of(x, n); }
-float sum_of(const float* x, std::size_t n) { return active().f32.sum_of(x, n); }
-void score_gradient_row(double* p, const double* dp, std::size_t n, double mean, double c) {
-    active().f64.score_gradient_row(p, dp, n, mean, c);
-}
-void score_gradient_row(float* p, const float* dp, std::size_t n, float mean, float c) {
-    active().f32.score_gradient_row(p, dp, n, mean, c);
-}
-bool any_nan(const double* x, std::size_t n) { return active().f64.any_nan(x, n); }
-bool any_nan(const float* x, std::size_t n) { return active().f32.any_nan(x, n); }
-void gelu_tanh(const double* a, std::size_t n, double* y) { active().f64.gelu_tanh(a, n, y); }
-void gelu_tanh(const float* a, std::size_t n, float* y) { active().f32.gelu_tanh(a, n, y); }
-void gelu_tanh_vjp(const double* a, const double* g, std::size_t n, double* da) {
-    active().f64.gelu_tanh_vjp(a, g, n, da);
-}
-void gelu_tanh_vjp(const float* a, const float* g, std::size_t n, float* da) {
-    active().f32.gelu_tanh_vjp(a, g, n, da);
-}
-void deinterleave(const double* pairs, std::size_t n, double* first, double* second) {
-    active().f64.deinterleave(pairs, n, first, second);
-}
-void deinterleave(const float* pairs, std::size_t n, float* first, float* second) {
-    active().f32.deinterleave(pairs, n, first, second);
-}
-void interleave(const double* first, const double* second, std::size_t n, double* pairs, bool accumulate) {
-    active().f64.interleave(first, second, n, pairs, accumulate);
-}
-void interleave(const float* first, const float* second, std::size_t n, float* pairs, bool accumulate) {
-    active().f32.interleave(first, second, n, pairs, accumulate);
+template <>
+const OpKernels<float>& op_kernels<float>() {
+    return active().ops_f32;
 }
 
-}  // namespace compiled
 }  // namespace tapegrad

@@ -258,15 +258,36 @@ void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
     }
 }
 
+// This level's tables, filled by name.
 template <class T>
-constexpr KernelsFor<T> kernels_for() {
-    return {&gemm_rows<T>,     &softmax_row<T>, &softmax_vjp_row<T>, &exp_shifted<T>, &scale_row<T>,
-            &max_of<T>,        &sum_of<T>,      &score_gradient_row<T>, &any_nan<T>,   &gelu_tanh<T>,
-            &gelu_tanh_vjp<T>, &deinterleave<T>, &interleave<T>};
+constexpr EngineKernels<T> engine_kernels_for() {
+    return {.gemm_rows = &gemm_rows<T>,
+            .any_nan = &any_nan<T>,
+            .deinterleave = &deinterleave<T>,
+            .interleave = &interleave<T>};
+}
+
+template <class T>
+constexpr OpKernels<T> op_kernels_for() {
+    return {.softmax_row = &softmax_row<T>,
+            .softmax_vjp_row = &softmax_vjp_row<T>,
+            .exp_shifted = &exp_shifted<T>,
+            .scale_row = &scale_row<T>,
+            .max_of = &max_of<T>,
+            .sum_of = &sum_of<T>,
+            .score_gradient_row = &score_gradient_row<T>,
+            .gelu_tanh = &gelu_tanh<T>,
+            .gelu_tanh_vjp = &gelu_tanh_vjp<T>};
 }
 
 // The table this level's file exports.
-constexpr KernelTable table_for(CpuLevel level) { return {level, kernels_for<double>(), kernels_for<float>()}; }
+constexpr KernelTable table_for(CpuLevel level) {
+    return {.level = level,
+            .engine_f64 = engine_kernels_for<double>(),
+            .engine_f32 = engine_kernels_for<float>(),
+            .ops_f64 = op_kernels_for<double>(),
+            .ops_f32 = op_kernels_for<float>()};
+}
 
 }  // namespace
 }  // namespace tapegrad::cpu_detail

@@ -100,15 +100,13 @@ if(split_count GREATER 0)
                       "program and the library would each construct and destroy them (${first_split} ...)")
 endif()
 
-# The entry points of autodiff/cpu.hpp, each defined (T) in the library.
+# The entry points of autodiff/cpu.hpp and ops/fast/kernels.hpp, each defined (T) in the library.
 foreach(entry "tapegrad::cpu_level()" "tapegrad::cpu_level_available(tapegrad::CpuLevel)"
               "tapegrad::available_cpu_levels()" "tapegrad::set_cpu_level(tapegrad::CpuLevel)"
-              "tapegrad::compiled::gemm_rows(tapegrad::kernels::Form, unsigned long, unsigned long, unsigned long, double const*"
-              "tapegrad::compiled::gemm_rows(tapegrad::kernels::Form, unsigned long, unsigned long, unsigned long, float const*"
-              "tapegrad::compiled::softmax_row(double" "tapegrad::compiled::softmax_row(float"
-              "tapegrad::compiled::exp_shifted(double" "tapegrad::compiled::scale_row(float"
-              "tapegrad::compiled::max_of(double" "tapegrad::compiled::sum_of(float"
-              "tapegrad::compiled::score_gradient_row(double")
+              "tapegrad::EngineKernels<double> const& tapegrad::engine_kernels<double>()"
+              "tapegrad::EngineKernels<float> const& tapegrad::engine_kernels<float>()"
+              "tapegrad::OpKernels<double> const& tapegrad::op_kernels<double>()"
+              "tapegrad::OpKernels<float> const& tapegrad::op_kernels<float>()")
   string(FIND "${symbols}" " T ${entry}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "${LIBRARY} does not export ${entry}")
