@@ -1,6 +1,7 @@
-// Argument checks shared by the ops' public functions (and by the models built on them). Each raises shape_error with a message that
-// names the op, the argument and its shape, so a user sees "matmul: inner dimensions differ:
-// A is [2x3], B is [4x2]" rather than a crash or an out-of-bounds read.
+// Argument checks shared by the ops' public functions (and by the models built on them). Each raises
+// shape_error (value_error for a constant that is not finite) with a message that names the op, the
+// argument and its shape, so a user sees "matmul: inner dimensions differ: A is [2x3], B is [4x2]"
+// rather than a crash or an out-of-bounds read.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -27,6 +28,16 @@ void matrix(std::string_view op, std::string_view argument, const Var<T>& x) {
                                       shape.to_string()));
     }
     if (shape.size() == 0) [[unlikely]] throw_empty(op, argument, shape);
+}
+
+// A constant an op holds (scale's factor, shift's constant, pow's exponent, an operator's
+// constant), refused with value_error when it is not finite; returned for use in place.
+template <Scalar T>
+const T& finite(std::string_view op, std::string_view what, const T& c) {
+    if (!is_finite(c)) [[unlikely]] {
+        throw value_error(fmt::format("{}: the {} {} is not finite", op, what, to_double(c)));
+    }
+    return c;
 }
 
 template <Scalar T>

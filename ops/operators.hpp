@@ -17,6 +17,7 @@
 #pragma once
 
 #include "ops/add.hpp"
+#include "ops/checks.hpp"
 #include "ops/div.hpp"
 #include "ops/mul.hpp"
 #include "ops/neg.hpp"
@@ -39,15 +40,6 @@ namespace tapegrad {
 template <class C, class T>
 concept ConstantFor = std::same_as<C, T> || (std::is_arithmetic_v<C> && !std::same_as<C, bool>);
 
-// c itself, refused with value_error when not finite: checked before an operator that records two
-// ops records the first, so a refused operator leaves the tape as it was.
-namespace detail {
-template <Scalar T>
-T finite_constant(std::string_view op, const T& c) {
-    if (!is_finite(c)) throw value_error(fmt::format("{}: the constant {} is not finite", op, to_double(c)));
-    return c;
-}
-}  // namespace detail
 
 template <Scalar T>
 Var<T> operator+(const Var<T>& a, const Var<T>& b) {
@@ -84,7 +76,7 @@ Var<T> operator-(const Var<T>& a, const C& c) {
 }
 template <Scalar T, ConstantFor<T> C>
 Var<T> operator-(const C& c, const Var<T>& a) {
-    const T constant = detail::finite_constant("operator-", T(c));
+    const T constant = checks::finite("operator-", "constant", T(c));
     return shift(neg(a), constant);
 }
 template <Scalar T, ConstantFor<T> C>
@@ -97,13 +89,13 @@ Var<T> operator*(const C& c, const Var<T>& a) {
 }
 template <Scalar T, ConstantFor<T> C>
 Var<T> operator/(const Var<T>& a, const C& c) {
-    const T constant = detail::finite_constant("operator/", T(c));
+    const T constant = checks::finite("operator/", "constant", T(c));
     if (constant == T(0)) throw value_error("operator/: division by zero: a / c with the constant c = 0");
     return scale(a, T(T(1) / constant));
 }
 template <Scalar T, ConstantFor<T> C>
 Var<T> operator/(const C& c, const Var<T>& a) {
-    const T constant = detail::finite_constant("operator/", T(c));
+    const T constant = checks::finite("operator/", "constant", T(c));
     return scale(reciprocal(a), constant);
 }
 

@@ -93,8 +93,7 @@ struct Pow {
 template <Scalar T>
 Var<T> pow(const Var<T>& A, const std::type_identity_t<T>& p) {
     checks::non_empty(Pow::name, "A", A);
-    if (!is_finite(p)) throw value_error(fmt::format("pow: the exponent {} is not finite", to_double(p)));
-    return A.tape().template record<Pow>({A}, Pow::Settings<T>{p});
+    return A.tape().template record<Pow>({A}, Pow::Settings<T>{checks::finite(Pow::name, "exponent", p)});
 }
 
 // Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).

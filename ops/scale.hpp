@@ -50,8 +50,7 @@ struct Scale {
 template <Scalar T>
 Var<T> scale(const Var<T>& X, const T& c) {
     checks::non_empty(Scale::name, "X", X);
-    if (!is_finite(c)) throw value_error(fmt::format("scale: the factor {} is not finite", to_double(c)));
-    return X.tape().template record<Scale>({X}, Scale::Settings<T>{c});
+    return X.tape().template record<Scale>({X}, Scale::Settings<T>{checks::finite(Scale::name, "factor", c)});
 }
 
 // Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).

@@ -40,8 +40,7 @@ struct Shift {
 template <Scalar T>
 Var<T> shift(const Var<T>& X, const T& c) {
     checks::non_empty(Shift::name, "X", X);
-    if (!is_finite(c)) throw value_error(fmt::format("shift: the constant {} is not finite", to_double(c)));
-    return X.tape().template record<Shift>({X}, Shift::Settings<T>{c});
+    return X.tape().template record<Shift>({X}, Shift::Settings<T>{checks::finite(Shift::name, "constant", c)});
 }
 
 // Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
