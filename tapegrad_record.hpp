@@ -28,4 +28,4 @@
 #include "models/multihead.hpp"
 #include "models/optimizer.hpp"
 #include "models/transformer.hpp"
-#include "ops/instances/all_ops.hpp"  // every op
+#include "ops/all.hpp"  // every op

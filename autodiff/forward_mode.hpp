@@ -60,13 +60,6 @@ void split_planes(const Tensor<Dual<T>>& x, Tensor<T>& values, Tensor<T>& tangen
 }
 
 template <RealScalar T>
-Tensor<T> values_of(const Tensor<Dual<T>>& x) {
-    Tensor<T> v, t;
-    split_planes(x, v, t);
-    return v;
-}
-
-template <RealScalar T>
 Tensor<T> tangents_of(const Tensor<Dual<T>>& x) {
     Tensor<T> v, t;
     split_planes(x, v, t);

@@ -8,7 +8,7 @@
 //
 // An op re-runs through its siblings: the same struct's entry at each target type, one function
 // per (recorded type, target type) that records the op with its settings converted. The
-// library's ops have theirs compiled in the library (ops/instances/siblings.cpp); a user's op
+// library's ops have theirs compiled in the library (src/instances/siblings.cpp); a user's op
 // gets them with one line, anywhere before a re-run (a test fixture, main, or beside the op):
 //
 //     inline const bool my_op_registered = tapegrad::register_siblings<MyOp>();
@@ -62,7 +62,7 @@ struct OpSiblings {
 
 namespace detail {
 
-// The registry of siblings, by op struct (compiled in the library: ops/instances/siblings.cpp,
+// The registry of siblings, by op struct (compiled in the library: src/instances/siblings.cpp,
 // which also holds the library's ops, so they are there whenever the registry is).
 void add_siblings(const std::type_info& op, const OpSiblings& siblings);
 const OpSiblings* find_siblings(const std::type_info& op);

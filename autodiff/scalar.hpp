@@ -25,9 +25,9 @@ concept RealScalar = std::floating_point<T> ||
 template <class T>
 concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>);
 
-// The numbers a scalar is stored as: a Dual<U> is its value then its tangent, two U's in a row
+// The numbers a scalar is stored as: a `Dual<U>` is its value then its tangent, two U's in a row
 // (standard layout, no padding: asserted below), so a scan over a whole array (the tape's NaN
-// check) may read n duals as 2n numbers of U, as std::complex<U> is read as U[2].
+// check) may read n duals as 2n numbers of U, as `std::complex<U>` is read as `U[2]`.
 template <class T>
 struct StoredAs {
     using type = T;

@@ -186,6 +186,8 @@ public:
     }
 
     std::size_t size() const { return used_; }
+    // Whether backward has run since the tape was made, cleared or zero_grad'ed (the gradients
+    // are then readable, and another backward refused until zero_grad).
     bool has_gradients() const { return backward_done_; }
 
     // Keep every VJP contribution separately (per edge) during backward, to attribute a summed
@@ -383,7 +385,7 @@ private:
 };
 
 // The tape's larger members, defined out of the class so that the library compiles them once for
-// float, double and Dual<double> (ops/instances/<type>.cpp, declared extern below; mp50 and
+// float, double and Dual<double> (src/instances/<type>.cpp, declared extern below; mp50 and
 // Dual<mp50> in autodiff/mp50.hpp): a program recording on those tapes does not compile them again.
 
 template <Scalar T>
@@ -599,7 +601,7 @@ void Tape<T>::check_no_nan(const Tensor<T>& tensor, std::string_view op, std::st
         if (data.size() > inline_scan_size) {
             std::atomic<bool> found{false};
             parallel_chunks(data.size() * StoredAs<T>::count, elementwise_grain, [&](std::size_t first, std::size_t last) {
-                if (compiled::any_nan(numbers + first, last - first)) found.store(true, std::memory_order_relaxed);
+                if (engine_kernels<Stored>().any_nan(numbers + first, last - first)) found.store(true, std::memory_order_relaxed);
             });
             if (!found.load(std::memory_order_relaxed)) return;
         }

@@ -1,5 +1,5 @@
 // bench_charlm: training throughput (tokens per second, one thread) of the character-level
-// language model of examples/charlm.hpp at the example's default size, tapegrad against the same
+// language model of models/charlm.hpp at the example's default size, tapegrad against the same
 // model written in LibTorch C++ (the engines compared, not Python): each side runs complete
 // training steps (forward, backward, global-norm clipping, AdamW with the warm-up + cosine rate)
 // from the same initial parameters on the same batches. In float64, tapegrad runs twice, with each
@@ -24,7 +24,7 @@
 // tapegrad_gemm lines ours at the same shape, and the environment line names the host's CPU.
 // The corpus is Debian's `fortunes` text when installed; otherwise a seeded random text over 96
 // characters stands in (the throughput depends on the sizes only, not on the text).
-#include "examples/charlm.hpp"
+#include "models/charlm.hpp"
 #include "tapegrad.hpp"
 #include "host.hpp"
 #include "timing.hpp"

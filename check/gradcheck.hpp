@@ -25,7 +25,7 @@
 // fails as before. A fast-mode direction at a kink sends the check to full mode, like a failure.
 //
 // The options, their thresholds and the report are in check/report.hpp. The check is compiled once,
-// in the library (check/gradcheck.cpp): this header only turns the graph into one function per
+// in the library (src/check/gradcheck.cpp): this header only turns the graph into one function per
 // tape type (detail::GraphOnTapes) and the leaves into a span, so a program that checks a graph
 // compiles its graph and nothing of the checker. There the check runs in stages, one function
 // each, sharing their state through a detail::Checked:
@@ -65,6 +65,31 @@ namespace tapegrad {
 struct NamedTensor {
     std::string name;
     Tensor<double> value;
+};
+
+// The checker's error measure: |analytic − numeric| / max(1, |numeric|), absolute near zero and
+// relative for large values (what every threshold of the checker bounds).
+double mixed_error(const mp50& analytic, const mp50& numeric);
+
+// What a full check of a graph would take, without taking it (tapegrad-check --plan): one group per
+// leaf's coordinates and one per branch of a leaf that feeds several ops (the derivatives the check
+// compares), each with its replay cost (the estimate MPI ranks' shares are balanced by: the work of
+// every node downstream of the moved leaf) and the CPU time of a few of its differences, measured
+// on this thread. Their product over the groups predicts the check's CPU time on one thread.
+struct CheckPlan {
+    struct Group {
+        std::string leaf;
+        bool branch = false;            // one consumer of the leaf, not the leaf itself
+        std::size_t derivatives = 0;    // coordinates in the group
+        double cost = 0;                // estimated replay cost, summed over the group
+        double cpu_seconds_each = 0;    // measured mean CPU time of one derivative's differences
+        std::size_t samples = 0;        // derivatives measured (spread over the group)
+    };
+    std::vector<Group> groups;
+
+    std::size_t derivatives() const;
+    double cost() const;
+    double predicted_cpu_seconds() const;  // Σ derivatives × cpu_seconds_each
 };
 
 // A gradient source other than the tape: a hand-derived backward (the spec's `backward`),
@@ -131,9 +156,6 @@ struct Recording {
     std::vector<Var<T>> leaves;
     Var<T> output;
 };
-
-// Mixed error: absolute near zero, relative for large values.
-double mixed_error(const mp50& analytic, const mp50& numeric);
 
 // Fills `parts` (already shaped) with one random unit vector: Gaussian draws normalised in double,
 // then held exactly in mp50. A unit direction keeps the truncation error h²|D³J[v,v,v]|/6 of a
@@ -226,12 +248,13 @@ struct Probe {
     std::span<const Tensor<mp50>> direction{};  // empty: a coordinate; one part: leaf `leaf`; all leaves' parts
 };
 
-// The stages tapegrad-check's cost report uses on their own (check/gradcheck.cpp says more).
+// The stages plan_of and the distributed checker use on their own (src/check/gradcheck.cpp says more).
 bool record_both(Checked& c, const GraphOnTapes& graph);
-std::vector<Probe> coordinate_probes(const Checked& c, std::size_t l, const std::optional<Edge>& edge = {});
 std::vector<double> replay_costs(const Checked& c, std::span<const Probe> probes);
-std::array<Differences, 2> take_probe(const Checked& c, const Probe& probe, std::vector<Tensor<mp50>>& scratch,
-                                      ReplayWorkspace<mp50>& workspace);
+
+// The plan of a check of `graph` (plan_check).
+CheckPlan plan_of(const GraphOnTapes& graph, std::span<const NamedTensor> leaves, const CheckOptions& options,
+                  std::size_t samples);
 
 // The whole check, the finite differences shared as `split` says (nullptr: all taken here); the
 // gradients from the tape, or from `hand` when given.
@@ -239,6 +262,14 @@ CheckReport run_check(const GraphOnTapes& graph, std::span<const NamedTensor> le
                       const HandBackward* hand, WorkSplit* split);
 
 }  // namespace detail
+
+// What check_gradients(graph, leaves, options) would take (CheckPlan), measuring `samples`
+// derivatives of each group (at least 2) instead of all of them.
+template <std::size_t N, class Graph>
+CheckPlan plan_check(Graph&& graph, const NamedTensor (&leaves)[N], const CheckOptions& options = {},
+                     std::size_t samples = 4) {
+    return detail::plan_of(detail::graph_on_tapes<N>(graph), leaves, options, samples);
+}
 
 // Checks the gradients of `graph` with respect to each leaf. See the top of this file.
 // `hand_gradients` (optional) replaces the tape's gradients with a hand-derived backward.

@@ -120,8 +120,8 @@ constexpr std::string_view to_string(CheckMode mode) {
 }
 
 // Streamed as their report words, so test frameworks and logs can print them.
-// For Boost.Test's messages (compiled in the library, check/report.cpp, so that this header
-// needs only <iosfwd>).
+// For Boost.Test's messages (compiled in the library, src/check/report.cpp, so that this header
+// needs only `<iosfwd>`).
 std::ostream& operator<<(std::ostream& out, Source source);
 std::ostream& operator<<(std::ostream& out, CheckMode mode);
 
@@ -202,7 +202,7 @@ struct CheckReport {
 
     // Without kinks, the text is exactly what it was before kinks were classified (tools and
     // tests read it); kinks add a clause to the first line and a line each. Compiled in the
-    // library (check/report.cpp).
+    // library (src/check/report.cpp).
     std::string summary() const;
 };
 

@@ -22,7 +22,7 @@
 // A second-order error (a saved value not differentiated through, a wrong tangent rule) misses by
 // the size of the dropped term, O(1) here. Points at kinks are not second-order checked: check ops
 // on inputs away from them, as for the gradient.
-// Like the gradient checker, the checks are compiled once, in the library (check/second_order.cpp);
+// Like the gradient checker, the checks are compiled once, in the library (src/check/second_order.cpp);
 // their report (SecondOrderReport) is in check/report.hpp.
 #pragma once
 
@@ -39,7 +39,7 @@ namespace tapegrad {
 
 namespace detail {
 
-// The graph as the compiled checks call it (check/second_order.cpp): one function per tape
+// The graph as the compiled checks call it (src/check/second_order.cpp): one function per tape
 // type, as for the gradient checker (detail::GraphOnTapes).
 struct SecondOrderGraphs {
     GraphOn<mp50> in_mp;

@@ -9,7 +9,7 @@ must then be identical, bit for bit. The kills:
     reports having reached that step (so the kill lands wherever the run is then: in a step, a
     validation, or a checkpoint write);
   * two during a checkpoint write, made certain by the trainer's test-only hook
-    TAPEGRAD_CHARLM_TEST_PAUSE (examples/charlm.hpp, charlm_files::test_pause): the save stops and
+    TAPEGRAD_CHARLM_TEST_PAUSE (models/charlm.hpp, charlm_files::test_pause): the save stops and
     says so, and the test kills it there, once with half of DIR.partial's files written ("files")
     and once between the two renames, DIR gone to DIR.previous and DIR.partial not yet DIR
     ("renamed"; the resumed run must then say it resumes from DIR.partial).

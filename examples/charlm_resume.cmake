@@ -32,7 +32,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/whole/param.E.
 if(NOT different)
   message(FATAL_ERROR "the checkpoint after 3 steps equals the one after 6")
 endif()
-file(GLOB leftovers ${WORK}/*.partial ${WORK}/*.previous ${WORK}/*/*.tmp)
+file(GLOB leftovers ${WORK}/*.partial ${WORK}/*.previous ${WORK}/*/*.partial-*)
 if(leftovers)
   message(FATAL_ERROR "half-written files left behind: ${leftovers}")
 endif()

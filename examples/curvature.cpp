@@ -2,13 +2,13 @@
 //  1. The Hessian of the spec's Example 1 loss J = Σ O ∘ G with respect to Q (4×4), from four HVPs
 //     on a 50-digit dual tape, printed next to the 50-digit central differences of the 50-digit
 //     gradient; and the HVP check of Example 1 over Q, K and V.
-//  2. The sharpness of the retrieval model (examples/retrieval.hpp): the largest Hessian
+//  2. The sharpness of the retrieval model (models/retrieval.hpp): the largest Hessian
 //     eigenvalue λ of its loss over all parameters, by power iteration on HVPs (double dual tape),
 //     at initialisation and after training. Gradient descent is stable for learning rates below
 //     2/λ, so λ is a step-size guide; it also shows how sharp the minimum found is.
 //   usage: curvature [training steps]   (default 300)
 // Exits non-zero if the Hessian and the differences disagree beyond 1e-25 or a check fails.
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 #include "tapegrad.hpp"
 #include "tools/options.hpp"
 
@@ -69,7 +69,7 @@ double example1_hessian(const Example1& e) {
         const Tensor<mp50> g_plus = gradient_wrt_Q(e, plus), g_minus = gradient_wrt_Q(e, minus);
         for (std::size_t r = 0; r < 4; ++r) {
             const mp50 numeric = (g_plus[r] - g_minus[r]) / (2 * h);
-            const double error = detail::mixed_error(H(r, c), numeric);
+            const double error = mixed_error(H(r, c), numeric);
             worst = std::max(worst, error);
             fmt::print("  H[{}][{}] {:>+22.17f} {:>+24.17f} {:>10.2e}\n", r, c, to_double(H(r, c)), to_double(numeric), error);
         }

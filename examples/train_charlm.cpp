@@ -1,4 +1,4 @@
-// Trains the character-level language model of examples/charlm.hpp on the prose files of Debian's
+// Trains the character-level language model of models/charlm.hpp on the prose files of Debian's
 // `fortunes` package: AdamW, warm-up + cosine decay, gradient clipping, validation in bits per
 // character, checkpoints that resume exactly, and a sample from a prompt.
 //   train_charlm [--steps N] [--stop-after K] [--dtype float32] [--save DIR [--save-every N]]
@@ -19,7 +19,7 @@
 // parameter's gradient loses, the nodes that lose them; --audit-storage bfloat16 asks what 16-bit
 // storage would lose); with --save-tape FILE either saves that tape first (io/tape_file.hpp); all
 // in either dtype.
-#include "examples/charlm.hpp"
+#include "models/charlm.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/audit.hpp"
 #include "check/recorded.hpp"
@@ -178,7 +178,7 @@ struct CurvePoint {
 void write_curve_data(const std::string& path, const std::vector<CurvePoint>& points) {
     std::string text = "# step  training bits/char (mean since the last point)  validation bits/char\n";
     for (const CurvePoint& p : points) text += fmt::format("{} {:.6f} {:.6f}\n", p.step, p.train_bits, p.validation_bits);
-    charlm_files::write_atomically(path, text);
+    write_file_atomically(path, text, "train_charlm");
 }
 
 // Draws the curves with gnuplot when it is on the PATH; says so and goes on when it is not.

@@ -1,17 +1,17 @@
-// Trains the small causal retrieval model (examples/retrieval.hpp) with Adam on the tape's
+// Trains the small causal retrieval model (models/retrieval.hpp) with Adam on the tape's
 // gradients: token + position embeddings, multi-head causal attention, output projection,
 // cross-entropy. Seeded and deterministic; prints the loss as it goes and ends with the accuracy
 // on held-out sequences (drawn from a generator the training never touches).
 // Built with MPI (TAPEGRAD_WITH_MPI), it runs data-parallel under `mpirun -np N`: each rank takes
 // its slice of every batch of 64, the gradients are summed with one all-reduce per step
-// (examples/data_parallel.hpp), and rank 0 prints; the losses are those of one process.
+// (models/data_parallel.hpp), and rank 0 prints; the losses are those of one process.
 //   usage: train_retrieval [steps] [composed|fused] [threads]
 //   (the attention kernel, composed by default; threads per process, 0 = one per core, the default)
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 #include "tools/options.hpp"
 
 #if TAPEGRAD_WITH_MPI
-#include "examples/data_parallel.hpp"
+#include "models/data_parallel.hpp"
 
 #include <boost/mpi/environment.hpp>
 #endif

@@ -59,7 +59,7 @@ std::string tensor_text_of(const Tensor<T>& tensor, int precision) {
 }  // namespace detail
 
 // A tensor as nested rows, each value as format_scalar writes it with `precision`. Compiled once,
-// in the library (io/format.cpp), for float, double and mp50 (declared in autodiff/mp50.hpp): fmt's
+// in the library (src/io/format.cpp), for float, double and mp50 (declared in autodiff/mp50.hpp): fmt's
 // formatting code costs a program that prints a tensor seconds of compile time otherwise. Other
 // types use the template.
 std::string tensor_text(const Tensor<float>& tensor, int precision = 0);

@@ -20,9 +20,9 @@
 // program; a node whose re-recorded shape differs from the saved one is refused. Any fault raises
 // io_error naming the file, the node and the fault, before the faulty node computes anything.
 // Saving writes a temporary file beside the target and renames it, so a failed save leaves no
-// half-written file. Compiled in the library (io/tape_file.cpp, which uses nlohmann/json).
+// half-written file. Compiled in the library (src/io/tape_file.cpp, which uses nlohmann/json).
 // Files are named by std::string (a std::filesystem::path converts to one), so that including this
-// header costs no <filesystem>.
+// header costs no `<filesystem>`.
 #pragma once
 
 #include "autodiff/tape.hpp"
@@ -47,10 +47,10 @@ std::string tape_file_text(const Tape<float>& tape, const Var<float>& output);
 void save_tape(const std::string& file, const Tape<double>& tape, const Var<double>& output);
 void save_tape(const std::string& file, const Tape<float>& tape, const Var<float>& output);
 
-// `text` into `file` through a temporary file (`file`.partial-<pid>) renamed into place, so the
+// `bytes` into `file` through a temporary file (`<file>.partial-<pid>`) renamed into place, so the
 // file holds its old content or all of the new, never a part; io_error naming `who` otherwise.
-// What save_tape writes with; any program's output file may use it.
-void write_text_atomically(const std::string& file, const std::string& text, std::string_view who);
+// What save_tape, the char-LM's checkpoints and tapegrad-audit write with.
+void write_file_atomically(const std::string& file, const std::string& bytes, std::string_view who);
 
 // The scalar type a saved tape holds (the document is validated as by load_tape, without
 // recording anything).

@@ -1,4 +1,4 @@
-# The specification's reference program (shared/seeds/000_9d1b77a08d1bcc28.txt, section 4), copied
+# The specification's reference program (section 4 of the specification summarised in docs/spec.md), copied
 # verbatim; tests/compare_walkthrough.py runs it beside examples/seed_walkthrough.
 import math
 import copy

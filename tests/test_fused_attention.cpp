@@ -10,7 +10,7 @@
 #include "support.hpp"
 
 #include "models/multihead.hpp"
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 #include "ops/fused_attention.hpp"
 
 #include <algorithm>

@@ -115,3 +115,36 @@ BOOST_AUTO_TEST_CASE(the_report_prints_modes_and_sources_in_the_same_words) {
     BOOST_TEST(to_string(Source::step_agreement) == "step agreement");
     BOOST_TEST(to_string(Source::mp_tape_at_kink) == "50-digit tape at a kink");
 }
+
+// plan_check lists what a full check compares: each leaf's coordinates, then one group per branch of
+// a leaf that feeds several ops (X feeds Q, K and V: three), the same count the full check reports,
+// with positive replay costs and measured times; an upstream leaf (X) costs more to replay than a
+// leaf read only by the last product (W_V's consumers are fewer).
+BOOST_AUTO_TEST_CASE(the_plan_counts_what_the_full_check_compares) {
+    std::mt19937_64 rng(22);
+    const auto graph = [](auto in) {
+        auto [X, W_Q, W_K, W_V] = in;
+        return testing::probe(attention(X, W_Q, W_K, W_V).O);
+    };
+    const NamedTensor leaves[] = {{"X", testing::random_tensor({4, 3}, rng)},
+                                  {"W_Q", testing::random_tensor({3, 2}, rng)},
+                                  {"W_K", testing::random_tensor({3, 2}, rng)},
+                                  {"W_V", testing::random_tensor({3, 2}, rng)}};
+    const CheckPlan plan = plan_check(graph, leaves);
+    BOOST_TEST_REQUIRE(plan.groups.size() == 7u);  // X, its 3 branches, W_Q, W_K, W_V
+    BOOST_TEST(plan.groups[0].leaf == "X");
+    BOOST_TEST(!plan.groups[0].branch);
+    for (std::size_t b = 1; b <= 3; ++b) BOOST_TEST((plan.groups[b].leaf == "X" && plan.groups[b].branch));
+    BOOST_TEST(plan.derivatives() == 12u + 3 * 12u + 3 * 6u);
+    for (const CheckPlan::Group& g : plan.groups) {
+        BOOST_TEST(g.cost > 0.0);
+        BOOST_TEST(g.cpu_seconds_each > 0.0);
+        BOOST_TEST(g.samples == 4u);
+    }
+    BOOST_TEST(plan.predicted_cpu_seconds() > 0.0);
+    BOOST_TEST(plan.groups[0].cost / 12.0 > plan.groups[6].cost / 6.0);
+    const CheckReport full = check_gradients(graph, leaves);
+    BOOST_TEST(full.branches.size() == 3u);
+    BOOST_TEST(full.coordinates + 3 * 12u == plan.derivatives());  // each branch: X's 12 coordinates
+    BOOST_CHECK_THROW(plan_check(graph, leaves, {}, 1), value_error);
+}

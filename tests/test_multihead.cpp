@@ -4,7 +4,7 @@
 // several heads, causality, and the fused-kernel switch's usage errors.
 #define BOOST_TEST_MODULE multihead
 #include "support.hpp"
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 
 #include <cmath>
 #include <iostream>

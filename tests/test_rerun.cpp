@@ -8,7 +8,7 @@
 #define BOOST_TEST_MODULE rerun
 #include "support.hpp"
 
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 
 #include <cmath>
 #include <set>
@@ -236,7 +236,7 @@ BOOST_AUTO_TEST_CASE(an_op_without_siblings_is_refused_by_name) {
 // Every op struct of the library on one recorded tape (inputs away from every kink): the tape
 // re-runs at 50 digits, every node within a double's rounding of the recorded value, and its
 // gradients pass the fast check as recorded. The list of op names below is the library's op list
-// (ops/instances/siblings.cpp); an op missing from the graph or from the registry fails here.
+// (src/instances/siblings.cpp); an op missing from the graph or from the registry fails here.
 BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
     Tape<double> tape;
     const Var<double> J = testing::every_op_graph(tape);

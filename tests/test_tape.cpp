@@ -14,6 +14,21 @@ BOOST_AUTO_TEST_CASE(a_value_used_twice_receives_the_sum_of_both_branches) {
     BOOST_TEST(X.grad() == Tensor<double>::matrix({{2, -4}, {6, 1}}));
 }
 
+// has_gradients follows backward, zero_grad and clear.
+BOOST_AUTO_TEST_CASE(has_gradients_says_whether_backward_ran) {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 2}}), "X");
+    const Var<double> J = sum(mul(X, X));
+    BOOST_TEST(!tape.has_gradients());
+    tape.backward(J);
+    BOOST_TEST(tape.has_gradients());
+    tape.zero_grad();
+    BOOST_TEST(!tape.has_gradients());
+    tape.backward(J);
+    tape.clear();
+    BOOST_TEST(!tape.has_gradients());
+}
+
 BOOST_AUTO_TEST_CASE(tied_query_and_key_weights_sum_both_paths) {
     // One parameter W used as W_Q and W_K: its gradient is the sum of the Q and K paths,
     // and the checker confirms it against differences of the tied function.

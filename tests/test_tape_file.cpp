@@ -7,7 +7,7 @@
 #define BOOST_TEST_MODULE tape_file
 #include "support.hpp"
 
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 
 #include <bit>
 #include <cstdint>

@@ -4,7 +4,7 @@
 // and Adam refuses bad settings.
 #define BOOST_TEST_MODULE training
 #include "support.hpp"
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 
 #include <cmath>
 

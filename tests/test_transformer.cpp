@@ -5,7 +5,7 @@
 // full pass's logits to 1e-12; and the model's argument checks.
 #define BOOST_TEST_MODULE transformer
 #include "support.hpp"
-#include "examples/charlm.hpp"
+#include "models/charlm.hpp"
 
 #include <iostream>
 

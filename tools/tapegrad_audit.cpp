@@ -72,8 +72,8 @@ void report(const Settings& s, const Tape<S>& tape, const Var<S>& J) {
     options.progress = !s.quiet;
     const PrecisionAudit audit = audit_precision(tape, J, options);
     fmt::print("{}", audit.table(s.rows));
-    if (!s.json.empty()) write_text_atomically(s.json, audit.json(), "tapegrad-audit");
-    if (!s.dot.empty()) write_text_atomically(s.dot, audit.dot(), "tapegrad-audit");
+    if (!s.json.empty()) write_file_atomically(s.json, audit.json(), "tapegrad-audit");
+    if (!s.dot.empty()) write_file_atomically(s.dot, audit.dot(), "tapegrad-audit");
 }
 
 void audit_block(const Settings& s) {

@@ -3,8 +3,7 @@
 // process or, built with MPI (TAPEGRAD_WITH_MPI), spread over the ranks of `mpirun -np N`
 // unchanged (check/distributed.hpp). Rank 0 prints progress to stderr and the report to stdout.
 // --save-tape FILE writes a model's recorded tape instead of checking it. See `tapegrad-check --help`.
-#include "benchmarks/timing.hpp"
-#include "examples/retrieval.hpp"
+#include "models/retrieval.hpp"
 #include "tapegrad.hpp"
 #include "tools/options.hpp"
 
@@ -44,7 +43,7 @@ Models (leaves in brackets; J is the scalar checked):
               [X (T x D), W_Q, W_K, W_V (D x D)], J = sum(O * O)
   multihead   causal multi-head attention with output projection, Y = merge_heads(O_h) W_O
               [X (T x D), W_Q, W_K, W_V, W_O (D x D)], J = sum(Y * Y)
-  retrieval   the retrieval model of examples/retrieval.hpp on a batch of sequences of T tokens
+  retrieval   the retrieval model of models/retrieval.hpp on a batch of sequences of T tokens
               [E, P, W_Q, W_K, W_V, W_O, W_U], J = cross-entropy of the answers
 Values are drawn from --seed (uniform, weights scaled by sqrt(3/D)); the checker uses the same seed.
 
@@ -73,10 +72,10 @@ struct Settings {
     std::string save_tape;  // --save-tape: write the model's tape, check nothing
 };
 
-// A tensor of uniform values in [−a, a), from the portable draw of examples/retrieval.hpp.
+// A tensor of uniform values in [−a, a), from the portable draw of models/retrieval.hpp.
 Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator) {
     Tensor<double> t(shape);
-    for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+    for (double& x : t.data()) x = draw_uniform(generator, a);
     return t;
 }
 
@@ -137,44 +136,21 @@ struct Processes {
 #endif
 };
 
-// --plan: what a full check would take, without taking it: the derivatives (coordinates and
-// branch coordinates, as full_check and attribute_branches list them), their estimated replay
-// cost (detail::replay_cost, what the ranks' shares balance), and, measured, the CPU seconds of a
-// few of each leaf's (and branch's) on one thread (CPU time: on a shared machine the wall clock
-// also counts waiting for a core), which make the predicted time of the whole check on one
-// thread (the model in the README).
+// --plan: what a full check would take, without taking it (plan_check, check/gradcheck.hpp): the
+// derivatives by leaf and branch, their estimated replay cost (what the ranks' shares balance) and
+// the measured CPU time of a few of each, which predict the whole check's time on one thread (the
+// model in docs/performance.md).
 template <std::size_t N, class Graph>
 void print_plan(Graph& graph, const NamedTensor (&leaves)[N]) {
-    const CheckOptions options;
-    detail::Checked c(leaves, options);
-    if (!detail::record_both(c, detail::graph_on_tapes<N>(graph))) throw value_error("tapegrad-check: the graph cannot be recorded");
-    std::vector<std::vector<detail::Probe>> groups;  // each leaf's coordinates, then each branch's
-    for (std::size_t l = 0; l < N; ++l) {
-        groups.push_back(detail::coordinate_probes(c, l));
-        const std::vector<detail::Edge> edges = c.in_mp->tape.consumers(c.in_mp->leaves[l]);
-        for (std::size_t e = 0; edges.size() > 1 && e < edges.size(); ++e)
-            groups.push_back(detail::coordinate_probes(c, l, edges[e]));
-    }
-    std::size_t derivatives = 0;
-    double cost = 0, predicted = 0;
-    std::vector<Tensor<mp50>> scratch(N);
-    constexpr std::size_t samples = 4;  // spread over the group: costs vary a little with the index
-    for (const std::vector<detail::Probe>& group : groups) {
-        const std::vector<double> costs = detail::replay_costs(c, std::span<const detail::Probe>(group));
-        const double start = timing::thread_seconds();
-        for (std::size_t k = 0; k < samples; ++k)
-            (void)detail::take_probe(c, group[k * (group.size() - 1) / (samples - 1)], scratch, c.workspaces[0]);
-        const double each = (timing::thread_seconds() - start) / samples;
+    const CheckPlan plan = plan_check(graph, leaves);
+    for (const CheckPlan::Group& g : plan.groups) {
         fmt::print("  {} coordinates of {}{}: {:.3g} ms of CPU each (measured, {} samples), estimated cost {:.4g} each\n",
-                   group.size(), c.leaves[group[0].leaf].name, group[0].edge ? " (one branch)" : "", 1e3 * each,
-                   samples, costs[0]);
-        derivatives += group.size();
-        cost += std::accumulate(costs.begin(), costs.end(), 0.0);
-        predicted += each * static_cast<double>(group.size());
+                   g.derivatives, g.leaf, g.branch ? " (one branch)" : "", 1e3 * g.cpu_seconds_each, g.samples,
+                   g.cost / static_cast<double>(g.derivatives));
     }
     fmt::print("plan: {} derivatives (coordinates and branches), estimated replay cost {:.4g}, predicted CPU time on "
                "one thread {:.4g} s; {} bytes of differences exchanged in all (6 50-digit numbers each)\n",
-               derivatives, cost, predicted, derivatives * 6 * 38);
+               plan.derivatives(), plan.cost(), plan.predicted_cpu_seconds(), plan.derivatives() * 6 * 38);
 }
 
 CheckOptions options_of(const Settings& s) {

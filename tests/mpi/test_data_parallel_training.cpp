@@ -1,4 +1,4 @@
-// Data-parallel training (examples/retrieval.hpp's train, examples/data_parallel.hpp's
+// Data-parallel training (models/retrieval.hpp's train, models/data_parallel.hpp's
 // all-reduce), run by CTest under `mpirun -np 2`: the ranks together, each with half of every
 // batch, must give the losses of one process with the whole batch, to 1e-12 over 100 steps. Both
 // runs happen in this one program: the world's ranks together, then each rank alone (a
@@ -9,8 +9,8 @@
 // the issue sets, fixed before the run) leaves over two
 // decades; a wrong weighting or a missing share of the batch moves the loss in the third digit.
 #define BOOST_TEST_MODULE data_parallel_training
-#include "examples/data_parallel.hpp"
-#include "examples/retrieval.hpp"
+#include "models/data_parallel.hpp"
+#include "models/retrieval.hpp"
 
 #include <boost/mpi/environment.hpp>
 #include <boost/test/unit_test.hpp>

@@ -172,7 +172,7 @@ def check_multihead(case):
         case.compare(name, case.array(name), gradient)
 
 
-# ---- The retrieval model (examples/retrieval.hpp), from torch building blocks -------------------
+# ---- The retrieval model (models/retrieval.hpp), from torch building blocks -------------------
 
 class TorchRetrieval(torch.nn.Module):
     """X = E[key] + E[value] + P[position]; causal multi-head attention; the last position's
@@ -243,7 +243,7 @@ def check_retrieval_training(case):
         case.compare(f"final {name}", case.array(f"final_{name}"), final[name])
 
 
-# ---- The transformer (models/transformer.hpp) and the char-LM (examples/charlm.hpp) ------------
+# ---- The transformer (models/transformer.hpp) and the char-LM (models/charlm.hpp) ------------
 # Built from torch.nn.LayerNorm, torch.nn.MultiheadAttention, torch.nn.Linear, F.gelu (1.13 has
 # approximate='tanh', GPT-2's form, and the exact erf form as 'none'), nn.Embedding, F.linear with
 # the embedding's own weight for the tied output, F.cross_entropy.

@@ -18,8 +18,8 @@
 //   flip_scale           scores scaled by √dh instead of 1/√dh (W_Q multiplied by dh on the tape)
 //   nudge_learning_rate  training with a learning rate 1e-6 (relative) too high
 //   skip_clipping        char-LM training without gradient clipping
-#include "examples/charlm.hpp"
-#include "examples/retrieval.hpp"
+#include "models/charlm.hpp"
+#include "models/retrieval.hpp"
 #include "io/npy.hpp"
 #include "tapegrad.hpp"
 
@@ -64,7 +64,7 @@ struct Dump {
 
 Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator) {
     Tensor<double> t(shape);
-    for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+    for (double& x : t.data()) x = draw_uniform(generator, a);
     return t;
 }
 
@@ -148,7 +148,7 @@ Dump multihead_case(const MultiHeadCase& c, Fault fault, std::uint64_t seed) {
     return dump;
 }
 
-// ---- The retrieval model (examples/retrieval.hpp) ------------------------------------------------
+// ---- The retrieval model (models/retrieval.hpp) ------------------------------------------------
 
 // Small enough to keep the dump quick, large enough for two heads and several stored pairs.
 RetrievalConfig small_retrieval(AttentionKernel kernel) {
@@ -241,7 +241,7 @@ Dump retrieval_training_case(Fault fault) {
     return dump;
 }
 
-// ---- The transformer (models/transformer.hpp) and the char-LM (examples/charlm.hpp) -----------------
+// ---- The transformer (models/transformer.hpp) and the char-LM (models/charlm.hpp) -----------------
 
 std::string gelu_name(GeluForm form) { return form == GeluForm::tanh ? "\"tanh\"" : "\"erf\""; }
 
@@ -323,7 +323,7 @@ Dump transformer_logits_case(AttentionKernel kernel, Fault fault, std::uint64_t 
     const std::vector<Tensor<double>> values = generic_parameters(c, generator);
     const std::size_t B = 3, T = 7;  // T < context: positions 0..6 of 8
     std::vector<std::size_t> tokens(B * T);
-    for (std::size_t& t : tokens) t = detail::draw_below(generator, c.vocabulary);
+    for (std::size_t& t : tokens) t = draw_below(generator, c.vocabulary);
     const Tensor<double> G = uniform(Shape{B, T, c.vocabulary}, 1.0, generator);
 
     Tape<double> tape;

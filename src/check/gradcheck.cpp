@@ -13,11 +13,38 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <ctime>
 #include <exception>
 #include <numeric>
 #include <utility>
 
-namespace tapegrad::detail {
+namespace tapegrad {
+
+double mixed_error(const mp50& analytic, const mp50& numeric) {
+    using boost::multiprecision::abs;
+    const mp50 scale = std::max(mp50(1), mp50(abs(numeric)));
+    return to_double(mp50(abs(analytic - numeric) / scale));
+}
+
+std::size_t CheckPlan::derivatives() const {
+    std::size_t total = 0;
+    for (const Group& g : groups) total += g.derivatives;
+    return total;
+}
+
+double CheckPlan::cost() const {
+    double total = 0;
+    for (const Group& g : groups) total += g.cost;
+    return total;
+}
+
+double CheckPlan::predicted_cpu_seconds() const {
+    double total = 0;
+    for (const Group& g : groups) total += static_cast<double>(g.derivatives) * g.cpu_seconds_each;
+    return total;
+}
+
+namespace detail {
 
 // The graph recorded on a new tape of `graph`'s type, the leaves as given. Heap-allocated because
 // a tape stays where it was made (its Vars point at it).
@@ -31,13 +58,6 @@ std::unique_ptr<Recording<T>> record(const GraphOn<T>& graph, std::span<const Na
                                       recording->output.shape().to_string()));
     }
     return recording;
-}
-
-// Mixed error: absolute near zero, relative for large values.
-double mixed_error(const mp50& analytic, const mp50& numeric) {
-    using boost::multiprecision::abs;
-    const mp50 scale = std::max(mp50(1), mp50(abs(numeric)));
-    return to_double(mp50(abs(analytic - numeric) / scale));
 }
 
 // Fills `parts` (already shaped) with one random unit vector: Gaussian draws normalised in double,
@@ -150,7 +170,7 @@ bool at_kink(const std::array<Differences, 2>& numeric, double threshold) {
 }
 
 // Every coordinate of leaf `l`, of the whole gradient or (with `edge`) of one branch.
-std::vector<Probe> coordinate_probes(const Checked& c, std::size_t l, const std::optional<Edge>& edge) {
+std::vector<Probe> coordinate_probes(const Checked& c, std::size_t l, const std::optional<Edge>& edge = {}) {
     std::vector<Probe> probes;
     for (std::size_t k = 0; k < c.leaves[l].value.size(); ++k) probes.push_back({l, k, edge, {}});
     return probes;
@@ -596,4 +616,49 @@ CheckReport run_check(const GraphOnTapes& graph, std::span<const NamedTensor> le
     return finish(checked, start);
 }
 
-}  // namespace tapegrad::detail
+// This thread's CPU time: on a shared machine the wall clock also counts waiting for a core.
+double thread_cpu_seconds() {
+    timespec now{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+// The groups full_check and attribute_branches would compare (each leaf's coordinates, then each
+// of its branches when it feeds several ops), their replay costs, and `samples` derivatives of each
+// taken and timed (spread over the group: costs vary a little with the index).
+CheckPlan plan_of(const GraphOnTapes& graph, std::span<const NamedTensor> leaves, const CheckOptions& options,
+                  std::size_t samples) {
+    if (samples < 2) throw value_error(fmt::format("plan_check: samples = {}; at least 2 are measured", samples));
+    refuse_bad_leaves(leaves);
+    Checked c(leaves, options);
+    if (!record_both(c, graph)) {
+        throw value_error("plan_check: the graph cannot be recorded in both precisions at these leaves");
+    }
+    std::vector<std::vector<Probe>> groups;
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+        groups.push_back(coordinate_probes(c, l));
+        const std::vector<Edge> edges = c.in_mp->tape.consumers(c.in_mp->leaves[l]);
+        for (std::size_t e = 0; edges.size() > 1 && e < edges.size(); ++e) groups.push_back(coordinate_probes(c, l, edges[e]));
+    }
+    CheckPlan plan;
+    std::vector<Tensor<mp50>> scratch(leaves.size());
+    for (const std::vector<Probe>& group : groups) {
+        const std::vector<double> costs = replay_costs(c, std::span<const Probe>(group));
+        const std::size_t measured = std::min(samples, group.size());
+        const double start = thread_cpu_seconds();
+        for (std::size_t k = 0; k < measured; ++k) {
+            const std::size_t at = measured == 1 ? 0 : k * (group.size() - 1) / (measured - 1);
+            (void)take_probe(c, group[at], scratch, c.workspaces[0]);
+        }
+        plan.groups.push_back({.leaf = leaves[group[0].leaf].name,
+                               .branch = group[0].edge.has_value(),
+                               .derivatives = group.size(),
+                               .cost = std::accumulate(costs.begin(), costs.end(), 0.0),
+                               .cpu_seconds_each = (thread_cpu_seconds() - start) / static_cast<double>(measured),
+                               .samples = measured});
+    }
+    return plan;
+}
+
+}  // namespace detail
+}  // namespace tapegrad

@@ -1,6 +1,6 @@
 // Data-parallel training over MPI ranks (Boost.MPI): the one collective each step needs. Each
 // rank computes the gradients of its slice of the batch into one buffer (RetrievalTrainer::step
-// in examples/retrieval.hpp); this sums the buffer over the ranks, with one all-reduce
+// in models/retrieval.hpp); this sums the buffer over the ranks, with one all-reduce
 // for all parameters. Needs the tapegrad::mpi target (TAPEGRAD_WITH_MPI).
 #pragma once
 

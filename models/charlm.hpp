@@ -13,6 +13,7 @@
 #pragma once
 
 #include "io/npy.hpp"
+#include "io/tape_file.hpp"
 #include "models/optimizer.hpp"
 #include "models/transformer.hpp"
 
@@ -283,31 +284,9 @@ void BasicCharLmTrainer<T>::copy_gradients(const TransformerVars<T>& vars) {
 
 namespace charlm_files {
 
-// `bytes` into `path` through a temporary file and a rename: `path` holds either its old content
-// or all of the new, never a part.
-inline void write_atomically(const std::filesystem::path& path, const std::string& bytes) {
-    const std::filesystem::path temporary = path.string() + ".tmp";
-    {
-        std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-        file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-        file.close();
-        if (!file) {
-            std::filesystem::remove(temporary);
-            throw io_error(fmt::format("charlm: cannot write '{}'", temporary.string()));
-        }
-    }
-    std::filesystem::rename(temporary, path);
-}
-
 inline std::string hex(const std::string& text) {
     std::string out;
     for (const unsigned char c : text) out += fmt::format("{:02x}", c);
-    return out;
-}
-
-inline std::string unhex(const std::string& digits) {
-    std::string out;
-    for (std::size_t k = 0; k + 1 < digits.size(); k += 2) out += static_cast<char>(std::stoi(digits.substr(k, 2), nullptr, 16));
     return out;
 }
 
@@ -338,10 +317,10 @@ inline std::map<std::string, std::string> read_manifest(const std::filesystem::p
 }
 
 // Test-only hook for examples/charlm_kill_resume.py, which must SIGKILL a save at a known moment:
-// with TAPEGRAD_CHARLM_TEST_PAUSE="<steps>:<point>" in the environment, the save of the checkpoint
-// after <steps> steps stops at <point>, "files" (half of the files written into DIR.partial) or
+// with `TAPEGRAD_CHARLM_TEST_PAUSE=<steps>:<point>` in the environment, the save of the checkpoint
+// after `<steps>` steps stops at `<point>`, "files" (half of the files written into DIR.partial) or
 // "renamed" (DIR renamed to DIR.previous, DIR.partial not yet renamed to DIR), announces it on
-// standard error ("charlm test pause: <point> at step <steps>") and sleeps 20 s, then goes on (so a
+// standard error (`charlm test pause: <point> at step <steps>`) and sleeps 20 s, then goes on (so a
 // test that dies first leaves no process asleep for ever). Unset, a save costs one getenv.
 inline void test_pause(std::string_view point, std::size_t steps) {
     const char* setting = std::getenv("TAPEGRAD_CHARLM_TEST_PAUSE");
@@ -377,7 +356,7 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& direct
 }
 
 // Writes the parameters, Adam's moments and the manifest into `directory`, atomically as a whole:
-// everything goes into "<directory>.partial" first (each file through a temporary and a rename,
+// everything goes into "<directory>.partial" first (each file through write_file_atomically,
 // the manifest last), which then replaces `directory` by renames. A save killed at any point leaves
 // a checkpoint find_checkpoint finds: first, what an earlier interrupted save left is settled (a
 // complete DIR.partial or DIR.previous renamed to DIR when DIR is missing), so that clearing
@@ -404,15 +383,16 @@ void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
         const auto& state = adam_.state();
         for (std::size_t i = 0; i < names.size(); ++i) {
             const Tensor<T> zero(parameters_[i].shape());
-            charlm_files::write_atomically(partial / ("param." + names[i] + ".npy"), npy_bytes(parameters_[i], dtype));
-            charlm_files::write_atomically(partial / ("adam_m." + names[i] + ".npy"),
-                                           npy_bytes(state.first.empty() ? zero : state.first[i], dtype));
-            charlm_files::write_atomically(partial / ("adam_v." + names[i] + ".npy"),
-                                           npy_bytes(state.second.empty() ? zero : state.second[i], dtype));
+            write_file_atomically((partial / ("param." + names[i] + ".npy")).string(), npy_bytes(parameters_[i], dtype),
+                                  "charlm");
+            write_file_atomically((partial / ("adam_m." + names[i] + ".npy")).string(),
+                                  npy_bytes(state.first.empty() ? zero : state.first[i], dtype), "charlm");
+            write_file_atomically((partial / ("adam_v." + names[i] + ".npy")).string(),
+                                  npy_bytes(state.second.empty() ? zero : state.second[i], dtype), "charlm");
             if (i + 1 == names.size() / 2) charlm_files::test_pause("files", adam_.steps());
         }
-        charlm_files::write_atomically(partial / "manifest.txt",
-                                       charlm_files::manifest(config_, corpus_.alphabet, adam_.steps(), dtype_name<T>()));
+        write_file_atomically((partial / "manifest.txt").string(),
+                              charlm_files::manifest(config_, corpus_.alphabet, adam_.steps(), dtype_name<T>()), "charlm");
         fs::remove_all(previous);
         if (fs::exists(directory)) fs::rename(directory, previous);
         charlm_files::test_pause("renamed", adam_.steps());

@@ -60,10 +60,10 @@ struct RetrievalBatch {
     std::vector<std::size_t> targets;    // B answers in [0, values)
 };
 
-namespace detail {
-
 // An integer in [0, n) from the generator's raw output (portable across standard libraries,
-// unlike std::uniform_int_distribution; the modulo bias of n ≤ 2^10 out of 2^64 is negligible).
+// unlike std::uniform_int_distribution, so a seed gives the same data everywhere: the PyTorch
+// cross-check and tapegrad-check draw with it too; the modulo bias of n ≤ 2^10 out of 2^64 is
+// negligible).
 inline std::size_t draw_below(std::mt19937_64& generator, std::size_t n) {
     return static_cast<std::size_t>(generator() % n);
 }
@@ -72,8 +72,6 @@ inline std::size_t draw_below(std::mt19937_64& generator, std::size_t n) {
 inline double draw_uniform(std::mt19937_64& generator, double a) {
     return (static_cast<double>(generator() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * a;
 }
-
-}  // namespace detail
 
 inline void check_retrieval_config(const RetrievalConfig& c) {
     if (c.pairs == 0 || c.pairs > c.keys || c.values < 2 || c.width == 0 || c.heads == 0 || c.width % c.heads != 0) {
@@ -95,11 +93,11 @@ inline RetrievalBatch make_retrieval_batch(const RetrievalConfig& config, std::s
     for (std::size_t b = 0; b < batch_size; ++b) {
         std::iota(keys.begin(), keys.end(), std::size_t{0});
         for (std::size_t i = 0; i < config.pairs; ++i) {  // partial Fisher–Yates: distinct keys
-            std::swap(keys[i], keys[i + detail::draw_below(generator, config.keys - i)]);
+            std::swap(keys[i], keys[i + draw_below(generator, config.keys - i)]);
         }
         std::vector<std::size_t> values(config.pairs);
-        for (std::size_t& v : values) v = detail::draw_below(generator, config.values);
-        const std::size_t asked = detail::draw_below(generator, config.pairs);
+        for (std::size_t& v : values) v = draw_below(generator, config.values);
+        const std::size_t asked = draw_below(generator, config.pairs);
         for (std::size_t t = 0; t < config.pairs; ++t) {
             batch.key_tokens.push_back(keys[t]);
             batch.value_tokens.push_back(config.keys + values[t]);
@@ -144,7 +142,7 @@ struct RetrievalParameters {
         // a = √(3/D) for projections, so a projection keeps the variance of its input.
         const auto random = [&](Shape shape, double a) {
             Tensor<double> t(shape);
-            for (double& x : t.data()) x = detail::draw_uniform(generator, a);
+            for (double& x : t.data()) x = draw_uniform(generator, a);
             return t;
         };
         const double projection = std::sqrt(3.0 / static_cast<double>(D));

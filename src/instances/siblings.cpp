@@ -3,7 +3,7 @@
 // re-runs at double, mp50 and their duals with nothing registered by the program. A new op struct
 // goes in library_ops below (tests/test_rerun.cpp re-runs a graph of every op).
 #include "autodiff/rerun.hpp"
-#include "ops/instances/all_ops.hpp"
+#include "ops/all.hpp"
 
 #include <map>
 #include <mutex>

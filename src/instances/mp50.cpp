@@ -2,6 +2,6 @@
 // op headers declare these instances extern everywhere else.
 #include "autodiff/mp50.hpp"
 #define TAPEGRAD_INSTANTIATE_FOR ::tapegrad::mp50
-#include "ops/instances/all_ops.hpp"
+#include "ops/all.hpp"
 
 template class tapegrad::Tape<TAPEGRAD_INSTANTIATE_FOR>;

@@ -1,6 +1,6 @@
 // Compiles every op's entry points and the tape's out-of-class members (autodiff/tape.hpp) for Dual<double>, once, into the library (autodiff/instances.hpp): the
 // op headers declare these instances extern everywhere else.
 #define TAPEGRAD_INSTANTIATE_FOR ::tapegrad::Dual<double>
-#include "ops/instances/all_ops.hpp"
+#include "ops/all.hpp"
 
 template class tapegrad::Tape<TAPEGRAD_INSTANTIATE_FOR>;

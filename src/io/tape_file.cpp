@@ -6,7 +6,7 @@
 // fails there.
 #include "io/tape_file.hpp"
 
-#include "ops/instances/all_ops.hpp"
+#include "ops/all.hpp"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -429,12 +429,12 @@ std::string text_of(const Tape<T>& tape, const Var<T>& output) {
 
 }  // namespace
 
-void write_text_atomically(const std::string& file, const std::string& text, std::string_view who) {
+void write_file_atomically(const std::string& file, const std::string& bytes, std::string_view who) {
     const std::string partial = fmt::format("{}.partial-{}", file, ::getpid());
     {
         std::ofstream out(partial, std::ios::binary | std::ios::trunc);
         if (!out) throw io_error(fmt::format("{}: cannot create '{}': {}", who, partial, std::strerror(errno)));
-        out.write(text.data(), std::streamsize(text.size()));
+        out.write(bytes.data(), std::streamsize(bytes.size()));
         out.close();
         if (!out) {
             std::error_code ignored;
@@ -648,10 +648,10 @@ std::string tape_file_text(const Tape<double>& tape, const Var<double>& output) 
 std::string tape_file_text(const Tape<float>& tape, const Var<float>& output) { return text_of(tape, output); }
 
 void save_tape(const std::string& file, const Tape<double>& tape, const Var<double>& output) {
-    write_text_atomically(file, text_of(tape, output), "save_tape");
+    write_file_atomically(file, text_of(tape, output), "save_tape");
 }
 void save_tape(const std::string& file, const Tape<float>& tape, const Var<float>& output) {
-    write_text_atomically(file, text_of(tape, output), "save_tape");
+    write_file_atomically(file, text_of(tape, output), "save_tape");
 }
 
 TapeFileScalar parse_tape_scalar(std::string_view text, std::string_view source) {
