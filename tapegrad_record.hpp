@@ -1,13 +1,14 @@
-// The light umbrella header: everything to record, run and check the tape you ran, and nothing that
-// computes at 50 digits. It brings the engine (tensor, tape, op contract, threads, forward mode),
-// every op, the models composed from them, input/output (fmt formatting, DOT pictures, saved tapes;
-// the .npy files of io/npy.hpp are in tapegrad.hpp) and the check of a recorded Tape<double> or Tape<float> (check/recorded.hpp: its 50-digit
-// work is compiled in the library). It includes neither Boost.Multiprecision nor the checker's
-// templates, which are most of a translation unit's compile time.
-// tapegrad.hpp is this plus the 50-digit side: mp50, the generic-lambda gradient checker
-// (check/gradcheck.hpp), the generic second-order checks (check/second_order.hpp) and the
-// re-run of a recorded tape at any type (autodiff/rerun.hpp, where a user's op registers its
-// siblings).
+/// \file
+/// The light umbrella header: everything to record, run and check the tape you ran, and nothing that
+/// computes at 50 digits. It brings the engine (tensor, tape, op contract, threads, forward mode),
+/// every op, the models composed from them, input/output (fmt formatting, DOT pictures, saved tapes;
+/// the .npy files of io/npy.hpp are in tapegrad.hpp) and the check of a recorded Tape<double> or Tape<float> (check/recorded.hpp: its 50-digit
+/// work is compiled in the library). It includes neither Boost.Multiprecision nor the checker's
+/// templates, which are most of a translation unit's compile time.
+/// tapegrad.hpp is this plus the 50-digit side: mp50, the generic-lambda gradient checker
+/// (check/gradcheck.hpp), the generic second-order checks (check/second_order.hpp) and the
+/// re-run of a recorded tape at any type (autodiff/rerun.hpp, where a user's op registers its
+/// siblings).
 #pragma once
 
 #include "autodiff/dual.hpp"

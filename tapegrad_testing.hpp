@@ -1,25 +1,26 @@
-// tapegrad_testing.hpp: gradient checks inside a Boost.Test suite, the drive tapegrad's own op
-// tables use, for your ops in your tests. Include it after defining BOOST_TEST_MODULE (as for
-// <boost/test/unit_test.hpp>, which it includes); link Boost.Test (Boost::unit_test_framework) and
-// tapegrad::tapegrad.
-//
-// * A check as an assertion whose failure message is the checker's report (worst coordinates,
-//   branch, seed):
-//       BOOST_TEST(tapegrad::testing::passed(tapegrad::check_gradients(graph, leaves)));
-//       BOOST_TEST(tapegrad::testing::passed(tapegrad::check_gradients(tape, J)));   // a recorded tape
-// * One line per op and input shape (the op tables): the op recorded on a Tape<double> by a
-//   generic lambda from an array of leaves to its output, then checked on that tape through the
-//   checker with the probe J = Σ Y ∘ G downstream, by an explicit seed on its own output at 50
-//   digits (with every replay compared to a fresh forward), and through the JVP and HVP columns:
-//       std::mt19937_64 rng(seed);
-//       BOOST_TEST(passed(check_op([](auto x) { return my_ops::softplus(x[0]); }, rng, Shape{3, 4})));
-//   check_op_seeded_only for an op whose output holds constant non-finite entries (a mask's −inf).
-// * The fault-control pattern: a deliberately broken variant of the op must fail where the correct
-//   one passes, on the same leaves, so a suite proves it can fail:
-//       BOOST_TEST(rejects(correct, broken, rng, Shape{3, 4}));
-//
-// A user's op struct is re-run at 50 digits and in the duals through its siblings: register them
-// once, before the checks (autodiff/rerun.hpp): inline const bool r = register_siblings<MyOp>();
+/// \file
+/// tapegrad_testing.hpp: gradient checks inside a Boost.Test suite, the drive tapegrad's own op
+/// tables use, for your ops in your tests. Include it after defining BOOST_TEST_MODULE (as for
+/// <boost/test/unit_test.hpp>, which it includes); link Boost.Test (Boost::unit_test_framework) and
+/// tapegrad::tapegrad.
+///
+/// * A check as an assertion whose failure message is the checker's report (worst coordinates,
+///   branch, seed):
+///       BOOST_TEST(tapegrad::testing::passed(tapegrad::check_gradients(graph, leaves)));
+///       BOOST_TEST(tapegrad::testing::passed(tapegrad::check_gradients(tape, J)));   // a recorded tape
+/// * One line per op and input shape (the op tables): the op recorded on a Tape<double> by a
+///   generic lambda from an array of leaves to its output, then checked on that tape through the
+///   checker with the probe J = Σ Y ∘ G downstream, by an explicit seed on its own output at 50
+///   digits (with every replay compared to a fresh forward), and through the JVP and HVP columns:
+///       std::mt19937_64 rng(seed);
+///       BOOST_TEST(passed(check_op([](auto x) { return my_ops::softplus(x[0]); }, rng, Shape{3, 4})));
+///   check_op_seeded_only for an op whose output holds constant non-finite entries (a mask's −inf).
+/// * The fault-control pattern: a deliberately broken variant of the op must fail where the correct
+///   one passes, on the same leaves, so a suite proves it can fail:
+///       BOOST_TEST(rejects(correct, broken, rng, Shape{3, 4}));
+///
+/// A user's op struct is re-run at 50 digits and in the duals through its siblings: register them
+/// once, before the checks (autodiff/rerun.hpp): inline const bool r = register_siblings<MyOp>();
 #pragma once
 
 #include "tapegrad.hpp"
@@ -34,8 +35,8 @@
 
 namespace tapegrad::testing {
 
-// A report as a Boost.Test predicate: true when the check passed, else false with the report's
-// summary (verdict, seed, worst coordinates and branches) as the failure message.
+/// A report as a Boost.Test predicate: true when the check passed, else false with the report's
+/// summary (verdict, seed, worst coordinates and branches) as the failure message.
 inline boost::test_tools::predicate_result passed(const CheckReport& report) {
     boost::test_tools::predicate_result result(report.passed);
     if (!report.passed) result.message() << "\n" << report.summary();
@@ -48,7 +49,7 @@ inline boost::test_tools::predicate_result passed(const SecondOrderReport& repor
     return result;
 }
 
-// A fault control's report as a predicate: true when the check rejected it.
+/// A fault control's report as a predicate: true when the check rejected it.
 inline boost::test_tools::predicate_result rejected(const CheckReport& report) {
     boost::test_tools::predicate_result result(!report.passed);
     if (report.passed) {
@@ -66,8 +67,8 @@ inline Tensor<double> random_tensor(const Shape& shape, std::mt19937_64& rng, do
     return t;
 }
 
-// J = Σ Y ∘ G with a fixed random G (seeded by the shape), so every output coordinate matters
-// and no two coordinates of the gradient are forced equal.
+/// J = Σ Y ∘ G with a fixed random G (seeded by the shape), so every output coordinate matters
+/// and no two coordinates of the gradient are forced equal.
 template <Scalar T>
 Var<T> probe(const Var<T>& Y) {
     if (Y.shape().size() == 1) return sum(Y);
@@ -81,7 +82,7 @@ Var<T> probe(const Var<T>& Y) {
 // library's re-run of that tape (autodiff/rerun.hpp). So a table compiles its ops at double only;
 // an op struct of a test's own (a fault control) registers its siblings to be driven here.
 
-// The op recorded on `tape`: leaves x0, x1, ... holding `values`, and its output.
+/// The op recorded on `tape`: leaves x0, x1, ... holding `values`, and its output.
 template <std::size_t N, class Op>
 Var<double> record_op(Op& op, Tape<double>& tape, const std::array<Tensor<double>, N>& values) {
     std::array<Var<double>, N> leaves;
@@ -89,7 +90,7 @@ Var<double> record_op(Op& op, Tape<double>& tape, const std::array<Tensor<double
     return op(leaves);
 }
 
-// The recorded graph up to `output` re-run at 50 digits on `precise`, with the leaves' values given.
+/// The recorded graph up to `output` re-run at 50 digits on `precise`, with the leaves' values given.
 template <std::size_t N>
 struct AtFiftyDigits {
     std::array<Var<mp50>, N> leaves;
@@ -104,15 +105,15 @@ AtFiftyDigits<N> rerun_at_50_digits(const Tape<double>& tape, const Var<double>&
     return run;
 }
 
-// The op tables' second-order columns: the JVP check on the op's own output Y (every entry, plus
-// the transpose identity) and the HVP check on the probe J = Σ Y ∘ G, each along one seeded random
-// direction (check/second_order.hpp's checks on the recorded tape: 50-digit and double dual
-// tapes against 50-digit differences, thresholds as the checker's). One direction each keeps the
-// run time small (the tables also run in the sanitizer build); the attention graphs get three in
-// tests/test_second_order.cpp. A failure's report is printed as a warning; the row fails through
-// the returned verdict. An output with constant non-finite entries (mask: −inf where hidden) has
-// no scalar probe (−inf·G summed over signs of G is NaN), so it gets the JVP column only (J
-// invalid); its curvature is checked where softmax follows it ("mask then softmax").
+/// The op tables' second-order columns: the JVP check on the op's own output Y (every entry, plus
+/// the transpose identity) and the HVP check on the probe J = Σ Y ∘ G, each along one seeded random
+/// direction (check/second_order.hpp's checks on the recorded tape: 50-digit and double dual
+/// tapes against 50-digit differences, thresholds as the checker's). One direction each keeps the
+/// run time small (the tables also run in the sanitizer build); the attention graphs get three in
+/// tests/test_second_order.cpp. A failure's report is printed as a warning; the row fails through
+/// the returned verdict. An output with constant non-finite entries (mask: −inf where hidden) has
+/// no scalar probe (−inf·G summed over signs of G is NaN), so it gets the JVP column only (J
+/// invalid); its curvature is checked where softmax follows it ("mask then softmax").
 inline CheckReport check_op_second_order(const Tape<double>& tape, const Var<double>& Y, const Var<double>& J,
                                          std::mt19937_64& rng) {
     CheckOptions options;
@@ -135,20 +136,20 @@ inline CheckReport check_op_second_order(const Tape<double>& tape, const Var<dou
     return report;
 }
 
-// Drives the op recorded as `Y` on `tape` (leaves x0..x(N−1)) by an explicit upstream seed on its
-// own output, in 50 digits: a random G over every output entry (hidden and dropped ones included)
-// goes through backward(Y, G) on the 50-digit re-run, and each leaf coordinate's VJP is compared
-// with the central difference of Σ_k G_k·Y_k, summed over the entries of Y that move (an entry the
-// forward holds constant, −inf where mask hides a score or 0 where dropout dropped one,
-// contributes nothing). So a VJP that leaks gradient where its output is constant fails here, even
-// when a downstream op (softmax after mask) would hide the leak from a scalar loss. Threshold 1e-25
-// on the mixed error, as the checker's: the step h = 1e-16 gives a truncation error of about
-// h²·|third derivative|/6 ≈ 1e-33 and rounding of about 1e-50/h = 1e-34.
-// Each replay is also compared with a fresh re-run of the moved inputs, at the checker's step and
-// at a large one (0.25): replays run an op's `update` hook when it has one, and autodiff/op.hpp
-// requires it to equal `forward` to rounding. 50-digit results carry ~1e-49 relative rounding and
-// the two orders of summation may differ by a few units of that, so 1e-45 is the bound (a wrong
-// update misses by about the size of the change, ≥ 1e-20 here).
+/// Drives the op recorded as `Y` on `tape` (leaves x0..x(N−1)) by an explicit upstream seed on its
+/// own output, in 50 digits: a random G over every output entry (hidden and dropped ones included)
+/// goes through backward(Y, G) on the 50-digit re-run, and each leaf coordinate's VJP is compared
+/// with the central difference of Σ_k G_k·Y_k, summed over the entries of Y that move (an entry the
+/// forward holds constant, −inf where mask hides a score or 0 where dropout dropped one,
+/// contributes nothing). So a VJP that leaks gradient where its output is constant fails here, even
+/// when a downstream op (softmax after mask) would hide the leak from a scalar loss. Threshold 1e-25
+/// on the mixed error, as the checker's: the step h = 1e-16 gives a truncation error of about
+/// h²·|third derivative|/6 ≈ 1e-33 and rounding of about 1e-50/h = 1e-34.
+/// Each replay is also compared with a fresh re-run of the moved inputs, at the checker's step and
+/// at a large one (0.25): replays run an op's `update` hook when it has one, and autodiff/op.hpp
+/// requires it to equal `forward` to rounding. 50-digit results carry ~1e-49 relative rounding and
+/// the two orders of summation may differ by a few units of that, so 1e-45 is the bound (a wrong
+/// update misses by about the size of the change, ≥ 1e-20 here).
 template <std::size_t N>
 CheckReport check_seeded_on_tape(const Tape<double>& tape, const Var<double>& Y,
                                  const std::array<Tensor<double>, N>& values, std::mt19937_64& rng) {
@@ -203,9 +204,9 @@ CheckReport check_seeded_on_tape(const Tape<double>& tape, const Var<double>& Y,
     return report;
 }
 
-// The seeded check of the op recorded as `Y` on `tape` (leaves holding `values`), with the
-// second-order columns on Y and on J, the probe of Y (invalid when Y has non-finite entries);
-// their failures are not added to the seeded failure count.
+/// The seeded check of the op recorded as `Y` on `tape` (leaves holding `values`), with the
+/// second-order columns on Y and on J, the probe of Y (invalid when Y has non-finite entries);
+/// their failures are not added to the seeded failure count.
 template <std::size_t N>
 CheckReport check_seeded_with_second_order(const Tape<double>& tape, const Var<double>& Y, const Var<double>& J,
                                            const std::array<Tensor<double>, N>& values, std::mt19937_64& rng) {
@@ -216,7 +217,7 @@ CheckReport check_seeded_with_second_order(const Tape<double>& tape, const Var<d
     return report;
 }
 
-// The seeded check of `op` on given leaf values, with the second-order columns.
+/// The seeded check of `op` on given leaf values, with the second-order columns.
 template <std::size_t N, class Op>
 CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
     Tape<double> tape;
@@ -226,10 +227,10 @@ CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor
     return check_seeded_with_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, values, rng);
 }
 
-// Checks `op` (a generic lambda from an array of Vars to a Var) on the given leaf values, with the
-// default (fixed) thresholds, all on the one tape it is recorded on: through the checker with the
-// probe J = Σ Y ∘ G downstream, and by an explicit seed on the op's own output with the JVP and
-// HVP columns. Prints the checker's report.
+/// Checks `op` (a generic lambda from an array of Vars to a Var) on the given leaf values, with the
+/// default (fixed) thresholds, all on the one tape it is recorded on: through the checker with the
+/// probe J = Σ Y ∘ G downstream, and by an explicit seed on the op's own output with the JVP and
+/// HVP columns. Prints the checker's report.
 template <std::size_t N, class Op>
 CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
     Tape<double> tape;
@@ -243,24 +244,24 @@ CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<dou
     return report;
 }
 
-// check_op_on with leaves of the given shapes drawn from [−1, 1].
+/// check_op_on with leaves of the given shapes drawn from [−1, 1].
 template <class Op, class... Shapes>
 CheckReport check_op(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
     return check_op_on(op, rng, values);
 }
 
-// The seeded check alone, for an op whose output has constant non-finite entries (mask: −inf at
-// hidden positions), which no scalar probe can sum.
+/// The seeded check alone, for an op whose output has constant non-finite entries (mask: −inf at
+/// hidden positions), which no scalar probe can sum.
 template <class Op, class... Shapes>
 CheckReport check_op_seeded_only(Op op, std::mt19937_64& rng, const Shapes&... shapes) {
     const std::array<Tensor<double>, sizeof...(Shapes)> values{random_tensor(shapes, rng)...};
     return check_op_seeded(op, rng, values);
 }
 
-// The fault-control pattern in one line: on the same leaves (drawn from [−1, 1] in the given
-// shapes), `correct` passes check_op_on and `broken` fails it. A suite that asserts this has shown
-// that its check can fail.
+/// The fault-control pattern in one line: on the same leaves (drawn from [−1, 1] in the given
+/// shapes), `correct` passes check_op_on and `broken` fails it. A suite that asserts this has shown
+/// that its check can fail.
 template <class Correct, class Broken, class... Shapes>
 boost::test_tools::predicate_result rejects(Correct correct, Broken broken, std::mt19937_64& rng,
                                             const Shapes&... shapes) {

@@ -1,11 +1,12 @@
-// The compiled part of tapegrad: the float/double kernels (matrix-product row blocks, softmax rows,
-// fused attention's tile rows) are compiled once per instruction-set level inside the library
-// (src/cpu/), and the best level this CPU supports is chosen at run time, so a user's plain
-// Release build gets AVX2 or AVX-512 code without any flag. This header declares the level API
-// and the engine's compiled kernels (the ops' are in ops/fast/kernels.hpp); the header-only code
-// (autodiff/kernels.hpp, ops/fast/) calls them for float and double, and keeps its generic loops
-// for every other scalar (the 50-digit type).
-// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512 forces a level at start-up.
+/// \file
+/// The compiled part of tapegrad: the float/double kernels (matrix-product row blocks, softmax rows,
+/// fused attention's tile rows) are compiled once per instruction-set level inside the library
+/// (src/cpu/), and the best level this CPU supports is chosen at run time, so a user's plain
+/// Release build gets AVX2 or AVX-512 code without any flag. This header declares the level API
+/// and the engine's compiled kernels (the ops' are in ops/fast/kernels.hpp); the header-only code
+/// (autodiff/kernels.hpp, ops/fast/) calls them for float and double, and keeps its generic loops
+/// for every other scalar (the 50-digit type).
+/// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512 forces a level at start-up.
 #pragma once
 
 #include <array>
@@ -16,13 +17,13 @@
 
 namespace tapegrad {
 
-// Instruction-set levels the kernels are compiled for. baseline: x86-64 (SSE2) or the target's
-// default elsewhere; avx2: AVX2 + FMA; avx512: AVX-512 F, DQ, VL and BW (with AVX2 + FMA).
+/// Instruction-set levels the kernels are compiled for. baseline: x86-64 (SSE2) or the target's
+/// default elsewhere; avx2: AVX2 + FMA; avx512: AVX-512 F, DQ, VL and BW (with AVX2 + FMA).
 enum class CpuLevel { baseline, avx2, avx512 };
 
 inline constexpr std::array<CpuLevel, 3> all_cpu_levels{CpuLevel::baseline, CpuLevel::avx2, CpuLevel::avx512};
 
-// The word TAPEGRAD_CPU takes for a level (and what benchmarks print as `cpu=<level>`).
+/// The word TAPEGRAD_CPU takes for a level (and what benchmarks print as `cpu=<level>`).
 constexpr std::string_view cpu_level_name(CpuLevel level) {
     switch (level) {
         case CpuLevel::baseline: return "baseline";
@@ -32,45 +33,45 @@ constexpr std::string_view cpu_level_name(CpuLevel level) {
     return "unknown";
 }
 
-// The level the kernels run at: TAPEGRAD_CPU when set (value_error if the word is unknown or this
-// CPU lacks the level), else the best level built into the library that this CPU supports.
+/// The level the kernels run at: TAPEGRAD_CPU when set (value_error if the word is unknown or this
+/// CPU lacks the level), else the best level built into the library that this CPU supports.
 CpuLevel cpu_level();
-// Whether `level` is built into the library (only baseline off x86-64) and this CPU supports it.
+/// Whether `level` is built into the library (only baseline off x86-64) and this CPU supports it.
 bool cpu_level_available(CpuLevel level);
-// The available levels, lowest first.
+/// The available levels, lowest first.
 std::vector<CpuLevel> available_cpu_levels();
-// Switches every later kernel call to `level` (tests and benchmarks compare levels in one run);
-// value_error when it is not available. Not to be called while kernels run on other threads.
+/// Switches every later kernel call to `level` (tests and benchmarks compare levels in one run);
+/// value_error when it is not available. Not to be called while kernels run on other threads.
 void set_cpu_level(CpuLevel level);
 
-// float and double take the compiled kernels; any other scalar takes the header's generic loops.
+/// float and double take the compiled kernels; any other scalar takes the header's generic loops.
 template <class T>
 inline constexpr bool has_compiled_kernels = std::is_same_v<T, double> || std::is_same_v<T, float>;
 
 namespace kernels {
-// The three forms of a matrix product the VJPs need (autodiff/kernels.hpp says which is which).
+/// The three forms of a matrix product the VJPs need (autodiff/kernels.hpp says which is which).
 enum class Form { ab, abT, aTb };
 }  // namespace kernels
 
-// The engine's kernels (products, the tape's NaN scan, the dual planes), compiled once per level for
-// float and double: one table per level and type, filled by name (src/cpu/level_kernels.hpp, with
-// designated initializers, so two kernels of the same signature cannot change places unnoticed).
-// The ops' own kernels (softmax rows, fused attention's rows, GELU) sit beside the ops, in
-// ops/fast/kernels.hpp: adding an op's kernel does not touch the engine.
+/// The engine's kernels (products, the tape's NaN scan, the dual planes), compiled once per level for
+/// float and double: one table per level and type, filled by name (src/cpu/level_kernels.hpp, with
+/// designated initializers, so two kernels of the same signature cannot change places unnoticed).
+/// The ops' own kernels (softmax rows, fused attention's rows, GELU) sit beside the ops, in
+/// ops/fast/kernels.hpp: adding an op's kernel does not touch the engine.
 template <class T>
 struct EngineKernels {
-    // Rows [first, first + rows) of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
+    /// Rows [first, first + rows) of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
     void (*gemm_rows)(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
                       bool accumulate, std::size_t first, std::size_t rows);
-    // Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
+    /// Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
     bool (*any_nan)(const T* x, std::size_t n);
-    // n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,
-    // first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
+    /// n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,
+    /// first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
     void (*deinterleave)(const T* pairs, std::size_t n, T* first, T* second);
     void (*interleave)(const T* first, const T* second, std::size_t n, T* pairs, bool accumulate);
 };
 
-// The engine kernels of the level running now (cpu_level()), for T = float or double.
+/// The engine kernels of the level running now (cpu_level()), for T = float or double.
 template <class T>
 const EngineKernels<T>& engine_kernels();
 template <>

@@ -1,21 +1,22 @@
-// Dual<T>: a number with a tangent, x = v + t·ε with ε² = 0, the scalar of forward-mode
-// differentiation. A graph recorded on a Tape<Dual<T>> carries, next to every value, its
-// derivative along the direction the leaves' tangents give (a JVP); a reverse sweep on such a tape
-// differentiates the gradient along that direction too (a Hessian-vector product, forward over
-// reverse). autodiff/forward_mode.hpp is the API; autodiff/dual_kernels.hpp makes products of dual
-// matrices real products.
-//
-// Why our own type and not Boost.Math's autodiff_fvar<T, 1>: the tensor kernels split a dual
-// matrix into a value plane and a tangent plane so products run as real GEMMs (value·value,
-// tangent·value + value·tangent); the Scalar concept, numeric_limits and the helpers of
-// autodiff/scalar.hpp need a type that is exactly (value, tangent) and trivially copyable for
-// double; fvar carries general-order Taylor machinery (array of coefficients, order promotion) that
-// a first-order tangent never uses, and it turns a hidden score (−inf with zero tangent) times a
-// number into a NaN tangent. Here a zero tangent is a strong zero: it contributes exactly nothing,
-// also next to ±inf, so masks and online softmax give what the real code gives.
-//
-// Comparisons compare values (a branch taken by the value is the branch the derivative follows).
-// Math functions are hidden friends, found by ADL from the ops' `using std::exp; exp(x)`.
+/// \file
+/// Dual<T>: a number with a tangent, x = v + t·ε with ε² = 0, the scalar of forward-mode
+/// differentiation. A graph recorded on a Tape<Dual<T>> carries, next to every value, its
+/// derivative along the direction the leaves' tangents give (a JVP); a reverse sweep on such a tape
+/// differentiates the gradient along that direction too (a Hessian-vector product, forward over
+/// reverse). autodiff/forward_mode.hpp is the API; autodiff/dual_kernels.hpp makes products of dual
+/// matrices real products.
+///
+/// Why our own type and not Boost.Math's autodiff_fvar<T, 1>: the tensor kernels split a dual
+/// matrix into a value plane and a tangent plane so products run as real GEMMs (value·value,
+/// tangent·value + value·tangent); the Scalar concept, numeric_limits and the helpers of
+/// autodiff/scalar.hpp need a type that is exactly (value, tangent) and trivially copyable for
+/// double; fvar carries general-order Taylor machinery (array of coefficients, order promotion) that
+/// a first-order tangent never uses, and it turns a hidden score (−inf with zero tangent) times a
+/// number into a NaN tangent. Here a zero tangent is a strong zero: it contributes exactly nothing,
+/// also next to ±inf, so masks and online softmax give what the real code gives.
+///
+/// Comparisons compare values (a branch taken by the value is the branch the derivative follows).
+/// Math functions are hidden friends, found by ADL from the ops' `using std::exp; exp(x)`.
 #pragma once
 
 #include <cmath>
@@ -31,7 +32,7 @@ public:
     using value_type = T;
 
     constexpr Dual() = default;
-    // From the underlying scalar or any built-in number: a constant (tangent zero).
+    /// From the underlying scalar or any built-in number: a constant (tangent zero).
     constexpr Dual(const T& value) : v_(value), t_(0) {}  // NOLINT: implicit, as a constant
     template <class U>
         requires(std::is_arithmetic_v<U> && !std::is_same_v<U, T>)
@@ -43,8 +44,8 @@ public:
     T& value() { return v_; }
     T& tangent() { return t_; }
 
-    // a + b: tangents add. a·b: t = t_a·v_b + v_a·t_b, each term only when its tangent is nonzero
-    // (strong zero: −inf·0 would give NaN where the real code's answer is a plain −inf).
+    /// a + b: tangents add. a·b: t = t_a·v_b + v_a·t_b, each term only when its tangent is nonzero
+    /// (strong zero: −inf·0 would give NaN where the real code's answer is a plain −inf).
     friend Dual operator+(const Dual& a, const Dual& b) { return {a.v_ + b.v_, a.t_ + b.t_}; }
     friend Dual operator-(const Dual& a, const Dual& b) { return {a.v_ - b.v_, a.t_ - b.t_}; }
     friend Dual operator-(const Dual& a) { return {-a.v_, -a.t_}; }
@@ -52,7 +53,7 @@ public:
     friend Dual operator*(const Dual& a, const Dual& b) {
         return {a.v_ * b.v_, scaled(a.t_, b.v_) + scaled(b.t_, a.v_)};
     }
-    // a / b = a · (1/b): t = (t_a − (a/b)·t_b) / b.
+    /// a / b = a · (1/b): t = (t_a − (a/b)·t_b) / b.
     friend Dual operator/(const Dual& a, const Dual& b) {
         const T q = a.v_ / b.v_;
         return {q, T(a.t_ - scaled(b.t_, q)) / b.v_};
@@ -77,8 +78,8 @@ public:
     friend bool operator<=(const Dual& a, const Dual& b) { return a.v_ <= b.v_; }
     friend bool operator>=(const Dual& a, const Dual& b) { return a.v_ >= b.v_; }
 
-    // f(v + tε) = f(v) + f'(v)·t·ε. Each derivative is written from the value already computed
-    // where that is exact (exp, tanh, sqrt), as the ops' VJPs do.
+    /// f(v + tε) = f(v) + f'(v)·t·ε. Each derivative is written from the value already computed
+    /// where that is exact (exp, tanh, sqrt), as the ops' VJPs do.
     friend Dual exp(const Dual& x) {
         using std::exp;
         const T y = exp(x.v_);
@@ -127,12 +128,12 @@ public:
         using std::sinh;
         return {T(sinh(x.v_)), scaled(x.t_, T(cosh(x.v_)))};
     }
-    // atan'(v) = 1/(1 + v²) (gelu's π is 4·atan(1) in the scalar's own precision).
+    /// atan'(v) = 1/(1 + v²) (gelu's π is 4·atan(1) in the scalar's own precision).
     friend Dual atan(const Dual& x) {
         using std::atan;
         return {T(atan(x.v_)), T(x.t_ / T(1 + x.v_ * x.v_))};
     }
-    // erf'(v) = 2/√π · exp(−v²).
+    /// erf'(v) = 2/√π · exp(−v²).
     friend Dual erf(const Dual& x) {
         using std::erf;
         using std::exp;
@@ -140,14 +141,14 @@ public:
         return {T(erf(x.v_)), scaled(x.t_, slope)};
     }
     friend Dual erfc(const Dual& x) { return Dual(T(1)) - erf(x); }
-    // |x| with the ops' convention at 0 (ops/abs.hpp): sign(0) = 0, so the tangent is 0 there.
+    /// |x| with the ops' convention at 0 (ops/abs.hpp): sign(0) = 0, so the tangent is 0 there.
     friend Dual abs(const Dual& x) {
         if (x.v_ > T(0)) return x;
         if (x.v_ < T(0)) return -x;
         return {T(0), T(0)};
     }
     friend Dual fabs(const Dual& x) { return abs(x); }
-    // Piecewise constant: derivative 0.
+    /// Piecewise constant: derivative 0.
     friend Dual floor(const Dual& x) {
         using std::floor;
         return Dual(T(floor(x.v_)));
@@ -156,8 +157,8 @@ public:
         using std::ceil;
         return Dual(T(ceil(x.v_)));
     }
-    // a^b = exp(b·log a): t = b·a^(b−1)·t_a + a^b·log(a)·t_b; the second term only when b moves
-    // (a constant exponent on a non-positive base stays defined, as in the real code).
+    /// a^b = exp(b·log a): t = b·a^(b−1)·t_a + a^b·log(a)·t_b; the second term only when b moves
+    /// (a constant exponent on a non-positive base stays defined, as in the real code).
     friend Dual pow(const Dual& a, const Dual& b) {
         using std::log;
         using std::pow;
@@ -169,7 +170,7 @@ public:
     friend Dual max(const Dual& a, const Dual& b) { return a < b ? b : a; }
     friend Dual min(const Dual& a, const Dual& b) { return b < a ? b : a; }
 
-    // NaN anywhere is NaN: the tape's NaN guard then names the op whose tangent went wrong.
+    /// NaN anywhere is NaN: the tape's NaN guard then names the op whose tangent went wrong.
     friend bool isnan(const Dual& x) {
         using std::isnan;
         return isnan(x.v_) || isnan(x.t_);
@@ -184,9 +185,9 @@ public:
     }
 
 private:
-    // tangent·factor, exactly zero when the tangent is zero (whatever the factor: ±inf included).
+    /// tangent·factor, exactly zero when the tangent is zero (whatever the factor: ±inf included).
     static T scaled(const T& tangent, const T& factor) { return tangent == T(0) ? T(0) : T(tangent * factor); }
-    // √π in T's precision (π as 4·atan(1): correctly rounded for double, 50 digits for mp50).
+    /// √π in T's precision (π as 4·atan(1): correctly rounded for double, 50 digits for mp50).
     static T sqrt_pi() {
         using std::atan;
         using std::sqrt;
@@ -207,6 +208,7 @@ inline constexpr bool is_dual_v = is_dual<T>::value;
 
 }  // namespace tapegrad
 
+/// \cond EXTERNAL_SPECIALIZATIONS (Doxygen cannot place a specialization of a std class)
 // Limits are the value type's, as constants (tangent zero): −infinity() is a hidden score.
 template <class T>
 class std::numeric_limits<tapegrad::Dual<T>> {
@@ -237,3 +239,4 @@ public:
     static D signaling_NaN() { return D(L::signaling_NaN()); }
     static D denorm_min() { return D(L::denorm_min()); }
 };
+/// \endcond

@@ -1,11 +1,12 @@
-// Products of dual matrices as real products: for A = Av + At·ε and B = Bv + Bt·ε,
-//   A·B = Av·Bv + (At·Bv + Av·Bt)·ε,
-// so C's value plane is one real GEMM and its tangent plane two, each through the real kernel of
-// autodiff/kernels.hpp (Eigen for double, the plain loop for 50 digits), never an element loop
-// over dual numbers. A tangent plane that is all zero (a constant operand: a probe G, a mask, the
-// seed of a backward) is skipped, so a product with a constant costs two GEMMs, not three.
-// Include this file, not kernels.hpp, where kernels::gemm is called on a template's scalar: the
-// call then picks this overload for Dual pointers (ops/matmul.hpp, ops/fused_attention.hpp).
+/// \file
+/// Products of dual matrices as real products: for A = Av + At·ε and B = Bv + Bt·ε,
+///   A·B = Av·Bv + (At·Bv + Av·Bt)·ε,
+/// so C's value plane is one real GEMM and its tangent plane two, each through the real kernel of
+/// autodiff/kernels.hpp (Eigen for double, the plain loop for 50 digits), never an element loop
+/// over dual numbers. A tangent plane that is all zero (a constant operand: a probe G, a mask, the
+/// seed of a backward) is skipped, so a product with a constant costs two GEMMs, not three.
+/// Include this file, not kernels.hpp, where kernels::gemm is called on a template's scalar: the
+/// call then picks this overload for Dual pointers (ops/matmul.hpp, ops/fused_attention.hpp).
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -21,10 +22,10 @@ namespace tapegrad::kernels {
 
 namespace dual_detail {
 
-// The value and tangent planes of n dual numbers. Returns whether any tangent is nonzero: looked
-// for after the copy, which then vectorises for double (a test inside it did not, and was 15% of an
-// HVP at T = 64), and which stops at the first nonzero tangent (the first one, for a leaf or
-// anything computed from one).
+/// The value and tangent planes of n dual numbers. Returns whether any tangent is nonzero: looked
+/// for after the copy, which then vectorises for double (a test inside it did not, and was 15% of an
+/// HVP at T = 64), and which stops at the first nonzero tangent (the first one, for a leaf or
+/// anything computed from one).
 template <Scalar T>
 bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<T>& tangents) {
     values.resize(n);
@@ -42,7 +43,7 @@ bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<
     return std::any_of(tangents.begin(), tangents.end(), [](const T& t) { return t != T(0); });
 }
 
-// C[x] = (values[x], tangents[x]), or C[x] += that when accumulate.
+/// C[x] = (values[x], tangents[x]), or C[x] += that when accumulate.
 template <Scalar T>
 void merge(const std::vector<T>& values, const std::vector<T>& tangents, Dual<T>* C, bool accumulate) {
     const std::size_t n = values.size();
@@ -55,8 +56,8 @@ void merge(const std::vector<T>& values, const std::vector<T>& tangents, Dual<T>
     }
 }
 
-// Scratch planes, one set per thread (fused attention calls products from several threads), kept
-// between calls so a product allocates nothing once warm.
+/// Scratch planes, one set per thread (fused attention calls products from several threads), kept
+/// between calls so a product allocates nothing once warm.
 template <Scalar T>
 struct Planes {
     std::vector<T> Av, At, Bv, Bt, Cv, Ct;
@@ -64,7 +65,7 @@ struct Planes {
 
 }  // namespace dual_detail
 
-// C (m×n) = op(A)·op(B) or C += op(A)·op(B) for dual matrices; shapes as for the real gemm.
+/// C (m×n) = op(A)·op(B) or C += op(A)·op(B) for dual matrices; shapes as for the real gemm.
 template <Scalar T>
 void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const Dual<T>* A, const Dual<T>* B, Dual<T>* C,
           bool accumulate) {

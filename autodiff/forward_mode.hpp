@@ -1,18 +1,19 @@
-// Forward mode and second order, on the tape as it is: a graph recorded on a Tape<Dual<T>>
-// (autodiff/dual.hpp) carries each value's derivative along the leaves' tangents.
-//
-//   jvp(graph, leaves, tangents)  the output Y and its directional derivative J_Y·t, in one forward
-//                                 pass (no backward).
-//   hvp(graph, leaves, v)         for a scalar J: its gradient and H·v, forward over reverse. The
-//                                 leaves' tangents are v; the reverse sweep on the dual tape runs
-//                                 every op's VJP in dual numbers, so each gradient's tangent is
-//                                 d/dε ∇J(x + εv) = H·v. One forward and one backward, each about
-//                                 three times the real work of a product (value, two tangent terms).
-//   hessian(graph, leaves)        the full Hessian, column c = H·e_c, for small graphs.
-//
-// The graph is the generic lambda the checker takes (check/gradcheck.hpp): a function of an
-// array of Vars returning a Var. It is instantiated for Var<Dual<T>>; every op's forward and VJP is
-// generic code in the scalar type, so no op needs a forward rule of its own.
+/// \file
+/// Forward mode and second order, on the tape as it is: a graph recorded on a Tape<Dual<T>>
+/// (autodiff/dual.hpp) carries each value's derivative along the leaves' tangents.
+///
+///   jvp(graph, leaves, tangents)  the output Y and its directional derivative J_Y·t, in one forward
+///                                 pass (no backward).
+///   hvp(graph, leaves, v)         for a scalar J: its gradient and H·v, forward over reverse. The
+///                                 leaves' tangents are v; the reverse sweep on the dual tape runs
+///                                 every op's VJP in dual numbers, so each gradient's tangent is
+///                                 d/dε ∇J(x + εv) = H·v. One forward and one backward, each about
+///                                 three times the real work of a product (value, two tangent terms).
+///   hessian(graph, leaves)        the full Hessian, column c = H·e_c, for small graphs.
+///
+/// The graph is the generic lambda the checker takes (check/gradcheck.hpp): a function of an
+/// array of Vars returning a Var. It is instantiated for Var<Dual<T>>; every op's forward and VJP is
+/// generic code in the scalar type, so no op needs a forward rule of its own.
 #pragma once
 
 #include "autodiff/dual.hpp"
@@ -30,7 +31,7 @@
 
 namespace tapegrad {
 
-// x = value + tangent·ε (same shapes), written into `x` (its buffer is reused when large enough).
+/// x = value + tangent·ε (same shapes), written into `x` (its buffer is reused when large enough).
 template <RealScalar T>
 void dual_tensor_into(const Tensor<T>& value, const Tensor<T>& tangent, Tensor<Dual<T>>& x) {
     if (!(value.shape() == tangent.shape())) {
@@ -48,7 +49,7 @@ Tensor<Dual<T>> dual_tensor(const Tensor<T>& value, const Tensor<T>& tangent) {
     return x;
 }
 
-// The value and tangent planes of a dual tensor, written into `values` and `tangents`.
+/// The value and tangent planes of a dual tensor, written into `values` and `tangents`.
 template <RealScalar T>
 void split_planes(const Tensor<Dual<T>>& x, Tensor<T>& values, Tensor<T>& tangents) {
     values.resize(x.shape());
@@ -68,24 +69,24 @@ Tensor<T> tangents_of(const Tensor<Dual<T>>& x) {
 
 template <RealScalar T>
 struct JvpResult {
-    Tensor<T> value;    // Y
-    Tensor<T> tangent;  // J_Y·t: the derivative of Y along the leaves' tangents
+    Tensor<T> value;    ///< Y
+    Tensor<T> tangent;  ///< J_Y·t: the derivative of Y along the leaves' tangents
 };
 
 template <RealScalar T, std::size_t N>
 struct HvpResult {
-    T value;                          // J
-    std::array<Tensor<T>, N> gradient;  // ∇J, per leaf
-    std::array<Tensor<T>, N> Hv;        // H·v, per leaf
+    T value;                          ///< J
+    std::array<Tensor<T>, N> gradient;  ///< ∇J, per leaf
+    std::array<Tensor<T>, N> Hv;        ///< H·v, per leaf
 };
 
 namespace detail {
 
-// Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε,
-// held in `vars` (an array of N Vars, or a vector of as many as there are leaves): returns
-// graph(vars). Each leaf is built in a per-thread scratch tensor and copied into its node's reused
-// buffer, so a warm tape records without allocating (a fresh tensor per leaf and call costs page
-// faults).
+/// Records `graph` on `tape` (cleared first; its buffers are reused) with leaves value + tangent·ε,
+/// held in `vars` (an array of N Vars, or a vector of as many as there are leaves): returns
+/// graph(vars). Each leaf is built in a per-thread scratch tensor and copied into its node's reused
+/// buffer, so a warm tape records without allocating (a fresh tensor per leaf and call costs page
+/// faults).
 template <RealScalar T, class Leaves, class Graph>
 Var<Dual<T>> record_dual(Tape<Dual<T>>& tape, Graph& graph, std::span<const Tensor<T>> leaves,
                          std::span<const Tensor<T>> tangents, Leaves& vars, std::string_view what) {
@@ -102,8 +103,8 @@ Var<Dual<T>> record_dual(Tape<Dual<T>>& tape, Graph& graph, std::span<const Tens
     return graph(vars);
 }
 
-// The reverse sweep of a scalar J recorded on a dual tape whose leaves' tangents are v: each
-// leaf's gradient into gradient[l] and its tangent, H·v, into Hv[l]. Returns J.
+/// The reverse sweep of a scalar J recorded on a dual tape whose leaves' tangents are v: each
+/// leaf's gradient into gradient[l] and its tangent, H·v, into Hv[l]. Returns J.
 template <RealScalar T, class Leaves>
 T gradient_and_hv(Tape<Dual<T>>& tape, const Var<Dual<T>>& J, const Leaves& vars, std::span<Tensor<T>> gradient,
                   std::span<Tensor<T>> Hv) {
@@ -118,8 +119,8 @@ T gradient_and_hv(Tape<Dual<T>>& tape, const Var<Dual<T>>& J, const Leaves& vars
 
 }  // namespace detail
 
-// Y = graph(leaves) and its directional derivative along `tangents`, on a reusable tape, into
-// `result` (its buffers are reused).
+/// Y = graph(leaves) and its directional derivative along `tangents`, on a reusable tape, into
+/// `result` (its buffers are reused).
 template <RealScalar T, std::size_t N, class Graph>
 void jvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
          const std::array<Tensor<T>, N>& tangents, JvpResult<T>& result) {
@@ -143,7 +144,7 @@ JvpResult<T> jvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const st
     return jvp(tape, graph, leaves, tangents);
 }
 
-// J = graph(leaves) (one element), its gradient and H·v, on a reusable tape, into `result`.
+/// J = graph(leaves) (one element), its gradient and H·v, on a reusable tape, into `result`.
 template <RealScalar T, std::size_t N, class Graph>
 void hvp(Tape<Dual<T>>& tape, Graph&& graph, const std::array<Tensor<T>, N>& leaves,
          const std::array<Tensor<T>, N>& v, HvpResult<T, N>& result) {
@@ -167,9 +168,9 @@ HvpResult<T, N> hvp(Graph&& graph, const std::array<Tensor<T>, N>& leaves, const
     return hvp(tape, graph, leaves, v);
 }
 
-// The Hessian of J over all leaves' coordinates, flattened leaf after leaf (n = Σ sizes): an n×n
-// matrix whose column c is H·e_c. n HVPs: for small graphs (a check, a curvature picture).
-// Symmetric to rounding; it is not symmetrised, so its asymmetry shows the rounding.
+/// The Hessian of J over all leaves' coordinates, flattened leaf after leaf (n = Σ sizes): an n×n
+/// matrix whose column c is H·e_c. n HVPs: for small graphs (a check, a curvature picture).
+/// Symmetric to rounding; it is not symmetrised, so its asymmetry shows the rounding.
 template <RealScalar T, std::size_t N, class Graph>
 Tensor<T> hessian(Graph&& graph, const std::array<Tensor<T>, N>& leaves) {
     std::size_t n = 0;

@@ -1,12 +1,13 @@
-// Dense kernels shared by the ops: matrix products in the three forms the matmul VJPs need
-// (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to the library's
-// compiled GEMM (Eigen's, compiled once per instruction-set level and chosen at run time:
-// autodiff/cpu.hpp); any other scalar (the 50-digit reference type) takes a plain loop ordered
-// for contiguous access. A large float/double product is split by rows of C over the library's
-// threads (autodiff/parallel.hpp); each row of C is computed by one thread as it would be by a
-// single one. Products of dual matrices (forward mode) are an overload in autodiff/dual_kernels.hpp,
-// which includes this file: code that calls kernels::gemm on any scalar (the ops) includes that one,
-// so the dual overload is declared wherever the call is.
+/// \file
+/// Dense kernels shared by the ops: matrix products in the three forms the matmul VJPs need
+/// (A·B, A·Bᵀ, Aᵀ·B), without materialising a transpose. float and double go to the library's
+/// compiled GEMM (Eigen's, compiled once per instruction-set level and chosen at run time:
+/// autodiff/cpu.hpp); any other scalar (the 50-digit reference type) takes a plain loop ordered
+/// for contiguous access. A large float/double product is split by rows of C over the library's
+/// threads (autodiff/parallel.hpp); each row of C is computed by one thread as it would be by a
+/// single one. Products of dual matrices (forward mode) are an overload in autodiff/dual_kernels.hpp,
+/// which includes this file: code that calls kernels::gemm on any scalar (the ops) includes that one,
+/// so the dual overload is declared wherever the call is.
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -18,15 +19,15 @@
 
 namespace tapegrad::kernels {
 
-// Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
-// thread. Set when every parallel_for started its threads (tens of microseconds); the pool now
-// wakes a sleeping worker in a few (autodiff/parallel.hpp), so a lower threshold may pay: not yet
-// re-measured. Each thread gets at least 64 rows of C.
+/// Products smaller than this many multiply-adds (about 0.2 ms of one core) stay on the calling
+/// thread. Set when every parallel_for started its threads (tens of microseconds); the pool now
+/// wakes a sleeping worker in a few (autodiff/parallel.hpp), so a lower threshold may pay: not yet
+/// re-measured. Each thread gets at least 64 rows of C.
 inline constexpr std::size_t parallel_madds = std::size_t{1} << 23;
 inline constexpr std::size_t rows_per_thread = 64;
 
-// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
-// ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
+/// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
+/// ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
 template <Scalar T>
 void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C, bool accumulate) {
     if constexpr (has_compiled_kernels<T>) {

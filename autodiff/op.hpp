@@ -1,44 +1,47 @@
-// The op contract: what a struct must provide to be recorded on a tape, and the type-erased form
-// (OpKind) the tape calls it through. The tape knows no op; it only knows this contract.
-//
-// An op is a struct in its own file under ops/ (see ops/scale.hpp for a small one):
-//
-//   struct Scale {
-//       static constexpr std::string_view name = "scale";
-//       template <Scalar T> struct Settings { T c; };      // or `using Settings = NoSettings;`
-//       template <Scalar T>
-//       static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
-//       template <Scalar T>
-//       static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din);
-//   };
-//
-// * Settings: the op's typed settings (a factor, flags, indices), stored with the node (in a
-//   SettingsSlot) so the forward can be replayed. Either a plain struct or a template over the scalar type (a factor
-//   such as 1/√d must be held in the tape's own precision). No settings: `using Settings = NoSettings;`.
-// * forward: writes the output (resizing `out`) and whatever the VJP needs beyond the output and
-//   the inputs into `saved` (left empty by most ops).
-// * vjp: writes into `din` (already shaped like input `which`) that input's contribution
-//   dJ/d(input) given the upstream gradient at.G. The op writes; the tape adds (one accumulate
-//   step, so a value used by several ops gets the sum of its branches). The tape only asks for
-//   inputs that need a gradient.
-// * Optional, and only when the op declares them itself with `using hooks_of = <the op>;` (a
-//   struct derived from an op, such as a test's deliberately broken variant, names a different
-//   type and so inherits none of its base's hooks):
-//     - `vjp_all(settings, at, grads)` in place of `vjp`: every input's contribution in one call,
-//       for an op whose per-input VJPs share most of their work; grads[k] is nullptr when input k
-//       needs no gradient. An op has exactly one of vjp and vjp_all.
-//     - `update(settings, before, after, out_before, out) -> bool`: replays the op after some inputs
-//       changed, from the recorded inputs and output, doing work only for what changed (the
-//       checker's 50-digit replays). Returns false to decline (the replay then calls forward).
-//       INVARIANT: the result equals `forward` on `after` to rounding in the last digit; the op
-//       tables (tests/support.hpp, check_op_seeded) compare every op's replays with a fresh forward.
-// * Optional, and may be inherited (they report, they change no result):
-//     - `cost(settings, in) -> OpCost`, the multiply-adds of forward and backward, for cost
-//       reports (tests/test_cost.cpp);
-//     - `branch(settings, in, k) -> std::uint32_t`, for an op whose value takes a data-dependent
-//       branch (relu, abs, clamp, max): which one output element k took (a sign class, a region
-//       of the clamp, the argmax's index). A re-run of a recorded tape at another precision that
-//       takes another branch than the recording is reported node by node (check/recorded.hpp).
+/// \file
+/// The op contract: what a struct must provide to be recorded on a tape, and the type-erased form
+/// (OpKind) the tape calls it through. The tape knows no op; it only knows this contract.
+///
+/// An op is a struct in its own file under ops/ (see ops/scale.hpp for a small one):
+///
+/// \code
+///   struct Scale {
+///       static constexpr std::string_view name = "scale";
+///       template <Scalar T> struct Settings { T c; };      // or `using Settings = NoSettings;`
+///       template <Scalar T>
+///       static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
+///       template <Scalar T>
+///       static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din);
+///   };
+/// \endcode
+///
+/// * Settings: the op's typed settings (a factor, flags, indices), stored with the node (in a
+///   SettingsSlot) so the forward can be replayed. Either a plain struct or a template over the scalar type (a factor
+///   such as 1/√d must be held in the tape's own precision). No settings: `using Settings = NoSettings;`.
+/// * forward: writes the output (resizing `out`) and whatever the VJP needs beyond the output and
+///   the inputs into `saved` (left empty by most ops).
+/// * vjp: writes into `din` (already shaped like input `which`) that input's contribution
+///   dJ/d(input) given the upstream gradient at.G. The op writes; the tape adds (one accumulate
+///   step, so a value used by several ops gets the sum of its branches). The tape only asks for
+///   inputs that need a gradient.
+/// * Optional, and only when the op declares them itself with `using hooks_of = <the op>;` (a
+///   struct derived from an op, such as a test's deliberately broken variant, names a different
+///   type and so inherits none of its base's hooks):
+///     - `vjp_all(settings, at, grads)` in place of `vjp`: every input's contribution in one call,
+///       for an op whose per-input VJPs share most of their work; grads[k] is nullptr when input k
+///       needs no gradient. An op has exactly one of vjp and vjp_all.
+///     - `update(settings, before, after, out_before, out) -> bool`: replays the op after some inputs
+///       changed, from the recorded inputs and output, doing work only for what changed (the
+///       checker's 50-digit replays). Returns false to decline (the replay then calls forward).
+///       INVARIANT: the result equals `forward` on `after` to rounding in the last digit; the op
+///       tables (tests/support.hpp, check_op_seeded) compare every op's replays with a fresh forward.
+/// * Optional, and may be inherited (they report, they change no result):
+///     - `cost(settings, in) -> OpCost`, the multiply-adds of forward and backward, for cost
+///       reports (tests/test_cost.cpp);
+///     - `branch(settings, in, k) -> std::uint32_t`, for an op whose value takes a data-dependent
+///       branch (relu, abs, clamp, max): which one output element k took (a sign class, a region
+///       of the clamp, the argmax's index). A re-run of a recorded tape at another precision that
+///       takes another branch than the recording is reported node by node (check/recorded.hpp).
 #pragma once
 
 #include "autodiff/tensor.hpp"
@@ -57,23 +60,23 @@
 
 namespace tapegrad {
 
-// The input tensors of one op, in order.
+/// The input tensors of one op, in order.
 template <Scalar T>
 using Inputs = std::span<const Tensor<T>* const>;
 
-// What a VJP reads, by name (so no two tensors can be swapped by position).
+/// What a VJP reads, by name (so no two tensors can be swapped by position).
 template <Scalar T>
 struct VjpArgs {
-    Inputs<T> in;            // the op's inputs, in order
-    const Tensor<T>& out;    // its output
-    const Tensor<T>& saved;  // what forward saved beyond the output (empty for most ops)
-    const Tensor<T>& G;      // the upstream gradient dJ/d(out), shaped like out
+    Inputs<T> in;            ///< the op's inputs, in order
+    const Tensor<T>& out;    ///< its output
+    const Tensor<T>& saved;  ///< what forward saved beyond the output (empty for most ops)
+    const Tensor<T>& G;      ///< the upstream gradient dJ/d(out), shaped like out
 };
 
-// The settings of an op that has none.
+/// The settings of an op that has none.
 struct NoSettings {};
 
-// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
+/// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
 struct OpCost {
     std::uint64_t forward_madds = 0;
     std::uint64_t backward_madds = 0;
@@ -96,11 +99,11 @@ struct settings_of<Op, T> {
 };
 }  // namespace detail
 
-// Op's settings type for scalar type T.
+/// Op's settings type for scalar type T.
 template <class Op, class T>
 using SettingsOf = typename detail::settings_of<Op, T>::type;
 
-// True when Op itself (not a base it derives from) declares its optional hooks.
+/// True when Op itself (not a base it derives from) declares its optional hooks.
 template <class Op>
 concept DeclaresHooks = requires { typename Op::hooks_of; } && std::same_as<typename Op::hooks_of, Op>;
 
@@ -121,7 +124,7 @@ concept HasUpdate = DeclaresHooks<Op> && requires(const SettingsOf<Op, T>& s, In
     { Op::template update<T>(s, in, in, t, out) } -> std::same_as<bool>;
 };
 
-// What an op struct provides, for scalar type T: a name, a forward, and exactly one backward.
+/// What an op struct provides, for scalar type T: a name, a forward, and exactly one backward.
 template <class Op, class T>
 concept TapeOp = Scalar<T> && std::copy_constructible<SettingsOf<Op, T>> &&
                  requires(const SettingsOf<Op, T>& s, Inputs<T> in, Tensor<T>& out) {
@@ -129,12 +132,12 @@ concept TapeOp = Scalar<T> && std::copy_constructible<SettingsOf<Op, T>> &&
                      Op::template forward<T>(s, in, out, out);
                  } && (HasPerInputVjp<Op, T> != HasAllInputsVjp<Op, T>);
 
-// One node's settings. Small trivially copyable settings (a factor, flags, offsets: most ops)
-// live inline, so recording an op allocates nothing and reading its settings is one pointer;
-// others (index lists, a 50-digit factor) live in a std::any, assigned in place when a reused
-// tape records the same op again. Settings without data (NoSettings) are not stored at all. The
-// op kind that stores a node's settings is the one that reads them back, so both sides know
-// the type.
+/// One node's settings. Small trivially copyable settings (a factor, flags, offsets: most ops)
+/// live inline, so recording an op allocates nothing and reading its settings is one pointer;
+/// others (index lists, a 50-digit factor) live in a std::any, assigned in place when a reused
+/// tape records the same op again. Settings without data (NoSettings) are not stored at all. The
+/// op kind that stores a node's settings is the one that reads them back, so both sides know
+/// the type.
 class SettingsSlot {
 public:
     template <class S>
@@ -175,26 +178,26 @@ private:
     std::any elsewhere_;
 };
 
-// The type-erased form of an op, built once per (op, scalar type) from the op's struct.
+/// The type-erased form of an op, built once per (op, scalar type) from the op's struct.
 template <Scalar T>
 struct OpKind {
     std::string_view name;
-    // The op's struct, the same for every scalar type: what finds the op's siblings at the other
-    // types when a recorded tape is re-run (autodiff/rerun.hpp).
+    /// The op's struct, the same for every scalar type: what finds the op's siblings at the other
+    /// types when a recorded tape is re-run (autodiff/rerun.hpp).
     const std::type_info* op;
     void (*forward)(const SettingsSlot& settings, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
-    // Every input's contribution; grads[k] is nullptr when input k needs none. For an op that
-    // writes per-input VJPs this is generated: one vjp call per requested input.
+    /// Every input's contribution; grads[k] is nullptr when input k needs none. For an op that
+    /// writes per-input VJPs this is generated: one vjp call per requested input.
     void (*vjp_all)(const SettingsSlot& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
-    // nullptr when the op has no update hook.
+    /// nullptr when the op has no update hook.
     bool (*update)(const SettingsSlot& settings, Inputs<T> before, Inputs<T> after, const Tensor<T>& out_before,
                    Tensor<T>& out);
     OpCost (*cost)(const SettingsSlot& settings, Inputs<T> in);
-    // nullptr when the op takes no data-dependent branch.
+    /// nullptr when the op takes no data-dependent branch.
     std::uint32_t (*branch)(const SettingsSlot& settings, Inputs<T> in, std::size_t k);
 };
 
-// The branch a sign test takes (relu's and abs's): 0 below zero, 1 at zero, 2 above.
+/// The branch a sign test takes (relu's and abs's): 0 below zero, 1 at zero, 2 above.
 template <Scalar T>
 std::uint32_t sign_class(const T& x) {
     return x < T(0) ? 0u : x > T(0) ? 2u : 1u;

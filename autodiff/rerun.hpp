@@ -1,22 +1,23 @@
-// Re-running a recorded tape at another scalar type: the graph a program recorded on a Tape<double>
-// or Tape<float>, as it stands (leaves, constants, every node's op and settings), recorded again
-// on a tape of double, mp50 or their duals. Leaves and constants convert exactly (float and double
-// are exact in mp50), and each op's settings convert from their recorded values (a factor 1/√d
-// rounded to float stays that float), so the function re-run is the function the recorded tape
-// computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
-// taken again by the op's forward in the new precision.
-//
-// An op re-runs through its siblings: the same struct's entry at each target type, one function
-// per (recorded type, target type) that records the op with its settings converted. The
-// library's ops have theirs compiled in the library (src/instances/siblings.cpp); a user's op
-// gets them with one line, anywhere before a re-run (a test fixture, main, or beside the op):
-//
-//     inline const bool my_op_registered = tapegrad::register_siblings<MyOp>();
-//
-// (an op whose settings are a template over the scalar type also provides
-// `template <Scalar U, Scalar T> static Settings<U> settings_as(const Settings<T>&)`, as
-// ops/scale.hpp does). Re-running a tape that holds an op without siblings raises usage_error
-// naming the op and the type it was asked for.
+/// \file
+/// Re-running a recorded tape at another scalar type: the graph a program recorded on a Tape<double>
+/// or Tape<float>, as it stands (leaves, constants, every node's op and settings), recorded again
+/// on a tape of double, mp50 or their duals. Leaves and constants convert exactly (float and double
+/// are exact in mp50), and each op's settings convert from their recorded values (a factor 1/√d
+/// rounded to float stays that float), so the function re-run is the function the recorded tape
+/// computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
+/// taken again by the op's forward in the new precision.
+///
+/// An op re-runs through its siblings: the same struct's entry at each target type, one function
+/// per (recorded type, target type) that records the op with its settings converted. The
+/// library's ops have theirs compiled in the library (src/instances/siblings.cpp); a user's op
+/// gets them with one line, anywhere before a re-run (a test fixture, main, or beside the op):
+///
+///     inline const bool my_op_registered = tapegrad::register_siblings<MyOp>();
+///
+/// (an op whose settings are a template over the scalar type also provides
+/// `template <Scalar U, Scalar T> static Settings<U> settings_as(const Settings<T>&)`, as
+/// ops/scale.hpp does). Re-running a tape that holds an op without siblings raises usage_error
+/// naming the op and the type it was asked for.
 #pragma once
 
 #include "autodiff/dual.hpp"
@@ -39,18 +40,18 @@
 
 namespace tapegrad {
 
-// One sibling: records the op of a node recorded at scalar type S (its settings in `settings`) on
-// the tape of `inputs`, at type U.
+/// One sibling: records the op of a node recorded at scalar type S (its settings in `settings`) on
+/// the tape of `inputs`, at type U.
 template <Scalar S, Scalar U>
 struct Sibling {
     Var<U> (*record)(const SettingsSlot& settings, std::span<const Var<U>> inputs) = nullptr;
 };
 
-// The siblings of an op recorded at S: one per type it can be re-run at.
+/// The siblings of an op recorded at S: one per type it can be re-run at.
 template <Scalar S>
 using SiblingsFrom = std::tuple<Sibling<S, double>, Sibling<S, mp50>, Sibling<S, Dual<double>>, Sibling<S, Dual<mp50>>>;
 
-// An op's siblings: one per (recorded type, target type), for tapes recorded at float or double.
+/// An op's siblings: one per (recorded type, target type), for tapes recorded at float or double.
 struct OpSiblings {
     decltype(std::tuple_cat(SiblingsFrom<float>{}, SiblingsFrom<double>{})) entries;
 
@@ -62,8 +63,8 @@ struct OpSiblings {
 
 namespace detail {
 
-// The registry of siblings, by op struct (compiled in the library: src/instances/siblings.cpp,
-// which also holds the library's ops, so they are there whenever the registry is).
+/// The registry of siblings, by op struct (compiled in the library: src/instances/siblings.cpp,
+/// which also holds the library's ops, so they are there whenever the registry is).
 void add_siblings(const std::type_info& op, const OpSiblings& siblings);
 const OpSiblings* find_siblings(const std::type_info& op);
 
@@ -87,7 +88,7 @@ void fill(Sibling<S, U>& sibling) {
     sibling.record = &record_sibling<Op, S, U>;
 }
 
-// A scalar type's name, for messages.
+/// A scalar type's name, for messages.
 template <Scalar T>
 constexpr std::string_view scalar_name() {
     if constexpr (std::is_same_v<T, float>) return "float";
@@ -98,7 +99,7 @@ constexpr std::string_view scalar_name() {
     else return "another scalar type";
 }
 
-// The value of a recorded leaf or constant at type U: exact for float and double sources.
+/// The value of a recorded leaf or constant at type U: exact for float and double sources.
 template <Scalar U, Scalar S>
 Tensor<U> tensor_as(const Tensor<S>& value) {
     Tensor<U> out(value.shape());
@@ -108,7 +109,7 @@ Tensor<U> tensor_as(const Tensor<S>& value) {
 
 }  // namespace detail
 
-// Op's siblings at every target type (instantiates Op's forward and VJP at each).
+/// Op's siblings at every target type (instantiates Op's forward and VJP at each).
 template <class Op>
 OpSiblings siblings_of() {
     OpSiblings siblings{};
@@ -116,16 +117,16 @@ OpSiblings siblings_of() {
     return siblings;
 }
 
-// Registers Op's siblings (again: replaces them). Returns true, so that a namespace-scope
-// `inline const bool` can do it.
+/// Registers Op's siblings (again: replaces them). Returns true, so that a namespace-scope
+/// `inline const bool` can do it.
 template <class Op>
 bool register_siblings() {
     detail::add_siblings(typeid(Op), siblings_of<Op>());
     return true;
 }
 
-// The leaves of `tape` up to `output` that need a gradient (its inputs and parameters, not its
-// constants), in recorded order: the indices a re-run maps onto new leaves.
+/// The leaves of `tape` up to `output` that need a gradient (its inputs and parameters, not its
+/// constants), in recorded order: the indices a re-run maps onto new leaves.
 template <Scalar S>
 std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& output) {
     if (!tape.holds(output)) throw usage_error("gradient_leaves: the output does not belong to this tape");
@@ -137,10 +138,10 @@ std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& ou
     return leaves;
 }
 
-// Records the graph of `source` up to `output` again on `target` (the tape of `leaves`, which stand
-// for gradient_leaves(source, output), in that order) and returns the re-run output. Constants are
-// recorded on `target` with their recorded values and labels; every node keeps its label. When
-// `nodes` is given, it receives the re-run value of every recorded node (index i for node i).
+/// Records the graph of `source` up to `output` again on `target` (the tape of `leaves`, which stand
+/// for gradient_leaves(source, output), in that order) and returns the re-run output. Constants are
+/// recorded on `target` with their recorded values and labels; every node keeps its label. When
+/// `nodes` is given, it receives the re-run value of every recorded node (index i for node i).
 template <Scalar S, Scalar U>
 Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>> leaves,
              std::vector<Var<U>>* nodes = nullptr) {

@@ -1,7 +1,8 @@
-// Tape<T>: the reverse-mode engine. Each op appends one node (inputs, output, VJP) in creation
-// order, so `backward` is a single reverse sweep with no topological sort (as in Stan and Adept).
-// The tape knows nothing about any particular op: an op is a struct that follows the contract in
-// autodiff/op.hpp, and the tape calls it through that contract's table of function pointers.
+/// \file
+/// Tape<T>: the reverse-mode engine. Each op appends one node (inputs, output, VJP) in creation
+/// order, so `backward` is a single reverse sweep with no topological sort (as in Stan and Adept).
+/// The tape knows nothing about any particular op: an op is a struct that follows the contract in
+/// autodiff/op.hpp, and the tape calls it through that contract's table of function pointers.
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -32,8 +33,8 @@ class Tape;
 
 inline constexpr std::size_t max_arity = 4;
 
-// A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
-// not cleared (using it afterwards raises usage_error instead of reading stale memory).
+/// A handle to one value on a tape. Cheap to copy; only valid while its tape is alive and
+/// not cleared (using it afterwards raises usage_error instead of reading stale memory).
 template <Scalar T>
 class Var {
 public:
@@ -47,7 +48,7 @@ public:
     std::uint32_t index() const { return index_; }
     bool valid() const { return tape_ != nullptr; }
 
-    // Gives this value a name for reports and graph pictures ("Q", "scores"); returns itself.
+    /// Gives this value a name for reports and graph pictures ("Q", "scores"); returns itself.
     Var named(std::string_view label) const {
         owner("named").set_label(*this, label);
         return *this;
@@ -70,8 +71,8 @@ private:
     std::uint64_t generation_ = 0;
 };
 
-// One gradient contribution that flowed along one edge (kept only when branch logging is on):
-// `consumer`'s VJP for its input `slot`, added into node `target`.
+/// One gradient contribution that flowed along one edge (kept only when branch logging is on):
+/// `consumer`'s VJP for its input `slot`, added into node `target`.
 template <Scalar T>
 struct Branch {
     std::uint32_t consumer;
@@ -80,18 +81,18 @@ struct Branch {
     Tensor<T> contribution;
 };
 
-// What a graph picture or a cost report needs to know about one node.
+/// What a graph picture or a cost report needs to know about one node.
 struct NodeInfo {
-    std::string_view op;  // "leaf" for inputs and parameters
+    std::string_view op;  ///< "leaf" for inputs and parameters
     std::string_view label;
     Shape shape;
     std::span<const std::uint32_t> inputs;
     bool requires_grad;
     OpCost cost;
-    std::size_t bytes;  // value, saved tensors and gradient held by the node
+    std::size_t bytes;  ///< value, saved tensors and gradient held by the node
 };
 
-// Scratch space for Tape::replay; one per thread.
+/// Scratch space for Tape::replay; one per thread.
 template <Scalar T>
 struct ReplayWorkspace {
     std::vector<Tensor<T>> values;
@@ -104,28 +105,28 @@ class Tape {
 public:
     using scalar_type = T;
 
-    // A new tape takes the nodes and scratch buffers that the last tape to die on this thread
-    // left, if it left any: a fresh tape per training step, the common way to write one, then
-    // allocates no more than a cleared one. Otherwise it starts with room for a small graph.
+    /// A new tape takes the nodes and scratch buffers that the last tape to die on this thread
+    /// left, if it left any: a fresh tape per training step, the common way to write one, then
+    /// allocates no more than a cleared one. Otherwise it starts with room for a small graph.
     Tape();
-    // Leaves its buffers to the next tape made on this thread when they hold at most
-    // `pooled_bytes_limit` (a large graph's memory goes back to the allocator with its tape).
+    /// Leaves its buffers to the next tape made on this thread when they hold at most
+    /// `pooled_bytes_limit` (a large graph's memory goes back to the allocator with its tape).
     ~Tape();
-    // Vars point at their tape, so a tape stays where it was made.
+    /// Vars point at their tape, so a tape stays where it was made.
     Tape(const Tape&) = delete;
     Tape& operator=(const Tape&) = delete;
 
-    // An input or parameter. Gradients are computed for it when `requires_grad`. A tensor passed
-    // by reference is copied into the node's reused buffer (no allocation once the tape has held
-    // a graph of this size); a temporary is moved in.
+    /// An input or parameter. Gradients are computed for it when `requires_grad`. A tensor passed
+    /// by reference is copied into the node's reused buffer (no allocation once the tape has held
+    /// a graph of this size); a temporary is moved in.
     Var<T> leaf(const Tensor<T>& value, std::string_view label = {}, bool requires_grad = true);
     Var<T> leaf(Tensor<T>&& value, std::string_view label = {}, bool requires_grad = true);
-    // A value that never needs a gradient (masks, the probe G, targets).
+    /// A value that never needs a gradient (masks, the probe G, targets).
     Var<T> constant(const Tensor<T>& value, std::string_view label = {}) { return leaf(value, label, false); }
     Var<T> constant(Tensor<T>&& value, std::string_view label = {}) { return leaf(std::move(value), label, false); }
 
-    // Appends a node for `Op` applied to `inputs`. The op's public function has checked shapes.
-    // `settings` are the op's own typed settings (autodiff/op.hpp), kept with the node for replays.
+    /// Appends a node for `Op` applied to `inputs`. The op's public function has checked shapes.
+    /// `settings` are the op's own typed settings (autodiff/op.hpp), kept with the node for replays.
     template <class Op>
         requires TapeOp<Op, T>
     Var<T> record(std::initializer_list<Var<T>> inputs, SettingsOf<Op, T> settings = {}) {
@@ -163,21 +164,21 @@ public:
         return handle(index);
     }
 
-    // Reverse sweep from a one-element output, seeded with 1.
+    /// Reverse sweep from a one-element output, seeded with 1.
     void backward(const Var<T>& output);
 
-    // Reverse sweep from `output`, seeded with the upstream gradient G (same shape as output).
+    /// Reverse sweep from `output`, seeded with the upstream gradient G (same shape as output).
     void backward(const Var<T>& output, const Tensor<T>& upstream);
 
-    // Forgets gradients, keeps values: backward may run again.
+    /// Forgets gradients, keeps values: backward may run again.
     void zero_grad() {
         for (std::size_t i = 0; i < used_; ++i) nodes_[i].has_grad = false;
         branches_.clear();
         backward_done_ = false;
     }
 
-    // Forgets every node; the nodes' buffers are kept and reused by the next graph. Vars made
-    // before are invalid afterwards.
+    /// Forgets every node; the nodes' buffers are kept and reused by the next graph. Vars made
+    /// before are invalid afterwards.
     void clear() {
         used_ = 0;
         generation_ = next_generation();
@@ -186,40 +187,40 @@ public:
     }
 
     std::size_t size() const { return used_; }
-    // Whether backward has run since the tape was made, cleared or zero_grad'ed (the gradients
-    // are then readable, and another backward refused until zero_grad).
+    /// Whether backward has run since the tape was made, cleared or zero_grad'ed (the gradients
+    /// are then readable, and another backward refused until zero_grad).
     bool has_gradients() const { return backward_done_; }
 
-    // Keep every VJP contribution separately (per edge) during backward, to attribute a summed
-    // gradient to its branches. Off by default: it copies every contribution.
+    /// Keep every VJP contribution separately (per edge) during backward, to attribute a summed
+    /// gradient to its branches. Off by default: it copies every contribution.
     void log_branches(bool on) { log_branches_ = on; }
     const std::vector<Branch<T>>& branches() const { return branches_; }
 
     NodeInfo info(std::size_t index) const;
 
-    // An edge of the graph: input `slot` of node `consumer`.
+    /// An edge of the graph: input `slot` of node `consumer`.
     struct Edge {
         std::uint32_t consumer;
         std::uint32_t slot;
     };
-    // A leaf's value replaced for a replay: seen by all of the leaf's consumers, or only by one
-    // edge when `edge` is set (to take one branch of a summed gradient on its own).
+    /// A leaf's value replaced for a replay: seen by all of the leaf's consumers, or only by one
+    /// edge when `edge` is set (to take one branch of a summed gradient on its own).
     struct Replacement {
         Var<T> leaf;
         const Tensor<T>* value;
         std::optional<Edge> edge{};
     };
 
-    // The value of `output` with some leaves replaced. Only nodes downstream of a replaced leaf
-    // are recomputed; the tape itself is not modified, so several threads may replay one tape
-    // at once, each with its own workspace. This is how the checker's finite differences avoid
-    // re-running the whole graph for every perturbed coordinate.
+    /// The value of `output` with some leaves replaced. Only nodes downstream of a replaced leaf
+    /// are recomputed; the tape itself is not modified, so several threads may replay one tape
+    /// at once, each with its own workspace. This is how the checker's finite differences avoid
+    /// re-running the whole graph for every perturbed coordinate.
     const Tensor<T>& replay(const Var<T>& output, std::span<const Replacement> replacements,
                             ReplayWorkspace<T>& work) const;
 
-    // One recorded node as code outside the tape reads it to re-run or save the tape
-    // (autodiff/rerun.hpp): its op (nullptr for a leaf) and the op's settings, its inputs, value
-    // and label, and whether it needs a gradient (false for a constant).
+    /// One recorded node as code outside the tape reads it to re-run or save the tape
+    /// (autodiff/rerun.hpp): its op (nullptr for a leaf) and the op's settings, its inputs, value
+    /// and label, and whether it needs a gradient (false for a constant).
     struct RecordedNode {
         const OpKind<T>* kind;
         const SettingsSlot& settings;
@@ -236,12 +237,12 @@ public:
         return RecordedNode{node.kind, node.settings, std::span(node.inputs.data(), node.arity), node.value,
                             node.label, node.requires_grad};
     }
-    // Whether `var` is a live value of this tape (not another tape's, nor one from before a clear()).
+    /// Whether `var` is a live value of this tape (not another tape's, nor one from before a clear()).
     bool holds(const Var<T>& var) const {
         return var.tape_ == this && var.generation_ == generation_ && var.index_ < used_;
     }
 
-    // Nodes that use `leaf` as an input, with the slot: the branches of its gradient.
+    /// Nodes that use `leaf` as an input, with the slot: the branches of its gradient.
     std::vector<Edge> consumers(const Var<T>& leaf) const;
 
 private:
@@ -249,7 +250,7 @@ private:
 
 
     struct Node {
-        const OpKind<T>* kind = nullptr;  // nullptr for a leaf
+        const OpKind<T>* kind = nullptr;  ///< nullptr for a leaf
         std::array<std::uint32_t, max_arity> inputs{};
         std::uint32_t arity = 0;
         bool requires_grad = false;
@@ -257,7 +258,7 @@ private:
         Tensor<T> value;
         Tensor<T> saved;
         Tensor<T> grad;
-        SettingsSlot settings;  // the op's own Settings (stale for a leaf, which has none)
+        SettingsSlot settings;  ///< the op's own Settings (stale for a leaf, which has none)
         std::string label;
     };
 
@@ -271,20 +272,20 @@ private:
 
     [[noreturn]] static void throw_backward_done();
 
-    // The reverse sweep from node `output`, whose gradient (the seed) has been written.
+    /// The reverse sweep from node `output`, whose gradient (the seed) has been written.
     void sweep(std::size_t output);
 
-    // Node i's VJPs, one call for all its inputs, then one accumulate per input. An input's first
-    // contribution is written straight into its own gradient buffer (kept across clear(), so a
-    // reused tape allocates nothing); a later one, or a second slot fed by the same input, goes to
-    // that slot's scratch tensor and is added.
+    /// Node i's VJPs, one call for all its inputs, then one accumulate per input. An input's first
+    /// contribution is written straight into its own gradient buffer (kept across clear(), so a
+    /// reused tape allocates nothing); a later one, or a second slot fed by the same input, goes to
+    /// that slot's scratch tensor and is added.
     void pass_gradient(std::uint32_t i);
 
-    // A scratch tensor for input `slot` of the node being differentiated, already of `shape`'s
-    // element count when one of that count exists: growing a buffer zero-fills it, so each buffer
-    // serves contributions of one size only (the same few sizes recur at every step). At most
-    // `scratch_sizes_kept` sizes are kept per slot; past that the first buffer is resized, so a
-    // tape fed ever-new shapes (sequences of every length) does not keep a buffer for each.
+    /// A scratch tensor for input `slot` of the node being differentiated, already of `shape`'s
+    /// element count when one of that count exists: growing a buffer zero-fills it, so each buffer
+    /// serves contributions of one size only (the same few sizes recur at every step). At most
+    /// `scratch_sizes_kept` sizes are kept per slot; past that the first buffer is resized, so a
+    /// tape fed ever-new shapes (sequences of every length) does not keep a buffer for each.
     Tensor<T>& scratch_for(std::uint32_t slot, const Shape& shape);
 
     static void zero_gradient_if_missing(Node& node) {
@@ -310,8 +311,8 @@ private:
         for (std::uint32_t slot = 0; slot < node.arity; ++slot) values[slot] = &nodes_[node.inputs[slot]].value;
     }
 
-    // Called for every Var an op or accessor touches: the test is kept small enough to inline,
-    // the message is built out of line.
+    /// Called for every Var an op or accessor touches: the test is kept small enough to inline,
+    /// the message is built out of line.
     void check_var(const Var<T>& var, std::string_view where) const {
         if (!holds(var)) [[unlikely]] throw_foreign_var(var, where);
     }
@@ -324,14 +325,14 @@ private:
     const Tensor<T>& grad_of(const Var<T>& var) const;
     void set_label(const Var<T>& var, std::string_view label);
 
-    // The one place gradients meet: contributions add, so a value used by several ops (X feeding
-    // Q, K and V) receives the sum of its branches.
+    /// The one place gradients meet: contributions add, so a value used by several ops (X feeding
+    /// Q, K and V) receives the sum of its branches.
     void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution);
 
-    // `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
-    // What a NaN message calls a leaf created without a label.
+    /// `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
+    /// What a NaN message calls a leaf created without a label.
     static constexpr std::string_view unnamed_leaf = "an unnamed leaf";
-    // Tensors up to this size are scanned for NaN inline, larger ones by the compiled kernel.
+    /// Tensors up to this size are scanned for NaN inline, larger ones by the compiled kernel.
     static constexpr std::size_t inline_scan_size = 16;
 
     static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1);
@@ -340,16 +341,16 @@ private:
     static constexpr std::size_t scratch_sizes_kept = 8;
     static constexpr std::size_t pooled_bytes_limit = std::size_t{16} << 20;
 
-    // Contributions that cannot go straight into a gradient: per slot, one buffer per element count.
+    /// Contributions that cannot go straight into a gradient: per slot, one buffer per element count.
     using Scratch = std::array<std::vector<Tensor<T>>, max_arity>;
     struct Buffers {
         std::vector<Node> nodes;
         Scratch scratch;
     };
 
-    // The buffers a dead tape left for the next one on its thread. `closed` is set when the
-    // thread's pool is destroyed (at thread exit, before static objects): a tape destroyed after
-    // that keeps its buffers to itself.
+    /// The buffers a dead tape left for the next one on its thread. `closed` is set when the
+    /// thread's pool is destroyed (at thread exit, before static objects): a tape destroyed after
+    /// that keeps its buffers to itself.
     class NodePool {
     public:
         static Buffers& buffers() {
@@ -366,8 +367,8 @@ private:
         Buffers buffers_;
     };
 
-    // Generations are unique over all tapes, so a Var of a dead tape never passes for one of a
-    // new tape made at the same address.
+    /// Generations are unique over all tapes, so a Var of a dead tape never passes for one of a
+    /// new tape made at the same address.
     static std::uint64_t next_generation() {
         static std::atomic<std::uint64_t> counter{0};
         return ++counter;
@@ -683,8 +684,8 @@ const Tensor<T>& Tape<T>::replay(const Var<T>& output, std::span<const Replaceme
     return work.dirty[output.index_] ? work.values[output.index_] : nodes_[output.index_].value;
 }
 
-// (Out of line also so that GCC 12 does not inline std::string::assign here, where it warns
-// -Wrestrict on libstdc++'s own code: GCC bug 105329.)
+/// (Out of line also so that GCC 12 does not inline std::string::assign here, where it warns
+/// -Wrestrict on libstdc++'s own code: GCC bug 105329.)
 template <Scalar T>
 void Tape<T>::set_label(const Var<T>& var, std::string_view label) {
     check_var(var, "named");

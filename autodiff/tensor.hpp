@@ -1,6 +1,7 @@
-// Tensor<T>: a dense, row-major, contiguous array with a shape of rank 0 to 4, for any scalar T.
-// Rank 2 is the matrix every op works on; leading dimensions are batch dimensions (batch, heads),
-// so ops treat a rank-r tensor as a stack of matrices over its last two dimensions.
+/// \file
+/// Tensor<T>: a dense, row-major, contiguous array with a shape of rank 0 to 4, for any scalar T.
+/// Rank 2 is the matrix every op works on; leading dimensions are batch dimensions (batch, heads),
+/// so ops treat a rank-r tensor as a stack of matrices over its last two dimensions.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -21,11 +22,11 @@ namespace tapegrad {
 
 inline constexpr std::size_t max_rank = 4;
 
-// Largest element count a tensor may hold; anything larger is treated as a corrupt shape
-// (it guards the size product against overflow and absurd allocations).
+/// Largest element count a tensor may hold; anything larger is treated as a corrupt shape
+/// (it guards the size product against overflow and absurd allocations).
 inline constexpr std::size_t max_elements = std::size_t{1} << 40;
 
-// The dimensions of a tensor. Stored inline (no heap), compared by value.
+/// The dimensions of a tensor. Stored inline (no heap), compared by value.
 class Shape {
 public:
     Shape() = default;
@@ -54,7 +55,7 @@ public:
     std::size_t size() const { return elements_; }
     std::span<const std::size_t> dims() const { return {dims_.data(), rank_}; }
 
-    // The matrix view: the last two dimensions, and the product of the leading ones.
+    /// The matrix view: the last two dimensions, and the product of the leading ones.
     std::size_t rows() const { return rank_ >= 2 ? dims_[rank_ - 2] : 1; }
     std::size_t cols() const { return rank_ >= 1 ? dims_[rank_ - 1] : 1; }
     std::size_t batch() const {
@@ -62,12 +63,12 @@ public:
         for (std::size_t axis = 0; axis + 2 < rank_; ++axis) b *= dims_[axis];
         return b;
     }
-    // Same leading (batch) dimensions as `other`.
+    /// Same leading (batch) dimensions as `other`.
     bool same_batch(const Shape& other) const {
         if (rank_ != other.rank_) return false;
         return std::equal(dims_.begin(), dims_.begin() + (rank_ >= 2 ? rank_ - 2 : 0), other.dims_.begin());
     }
-    // A copy with the last two dimensions replaced (the shape of a matrix result).
+    /// A copy with the last two dimensions replaced (the shape of a matrix result).
     Shape with_matrix(std::size_t rows, std::size_t cols) const {
         std::array<std::size_t, max_rank> dims = dims_;
         const std::size_t rank = std::max<std::size_t>(rank_, 2);
@@ -80,7 +81,7 @@ public:
         return a.rank_ == b.rank_ && std::equal(a.dims_.begin(), a.dims_.begin() + a.rank_, b.dims_.begin());
     }
 
-    // "[2x3]", "[]" for a scalar.
+    /// "[2x3]", "[]" for a scalar.
     std::string to_string() const {
         std::string text = "[";
         for (std::size_t axis = 0; axis < rank_; ++axis) {
@@ -113,7 +114,7 @@ public:
         }
     }
 
-    // A matrix from nested rows: Tensor<double>::matrix({{1, 2}, {3, 4}}).
+    /// A matrix from nested rows: Tensor<double>::matrix({{1, 2}, {3, 4}}).
     static Tensor matrix(std::initializer_list<std::initializer_list<T>> rows) {
         const std::size_t n_rows = rows.size();
         const std::size_t n_cols = n_rows ? rows.begin()->size() : 0;
@@ -142,7 +143,7 @@ public:
     T& operator[](std::size_t flat) { return data_[flat]; }
     const T& operator[](std::size_t flat) const { return data_[flat]; }
 
-    // Element of a rank-2 tensor (unchecked, like operator[]); at() checks.
+    /// Element of a rank-2 tensor (unchecked, like operator[]); at() checks.
     T& operator()(std::size_t i, std::size_t j) { return data_[i * shape_.cols() + j]; }
     const T& operator()(std::size_t i, std::size_t j) const { return data_[i * shape_.cols() + j]; }
     const T& at(std::span<const std::size_t> index) const { return data_[flat_index(index)]; }
@@ -150,7 +151,7 @@ public:
     const T& at(std::initializer_list<std::size_t> index) const { return at(std::span(index.begin(), index.size())); }
     T& at(std::initializer_list<std::size_t> index) { return at(std::span(index.begin(), index.size())); }
 
-    // The value of a one-element tensor (a loss).
+    /// The value of a one-element tensor (a loss).
     const T& item() const {
         if (data_.size() != 1) {
             throw shape_error(fmt::format("Tensor::item: tensor of shape {} has {} elements, not one",
@@ -159,14 +160,14 @@ public:
         return data_[0];
     }
 
-    // Gives the tensor a new shape; keeps the allocation when it is large enough (tape reuse).
+    /// Gives the tensor a new shape; keeps the allocation when it is large enough (tape reuse).
     void resize(const Shape& shape) {
         shape_ = shape;
         data_.resize(shape.size());
     }
     void fill(const T& value) { std::fill(data_.begin(), data_.end(), value); }
 
-    // Same data, new shape with the same element count (split and merge of heads use this).
+    /// Same data, new shape with the same element count (split and merge of heads use this).
     Tensor reshaped(const Shape& shape) const {
         if (shape.size() != shape_.size()) {
             throw shape_error(fmt::format("Tensor::reshaped: cannot view {} ({} elements) as {} ({} elements)",
@@ -198,7 +199,7 @@ private:
     std::vector<T> data_;
 };
 
-// Elementwise conversion between scalar types (double -> mp50 is exact).
+/// Elementwise conversion between scalar types (double -> mp50 is exact).
 template <Scalar To, Scalar From>
 Tensor<To> tensor_cast(const Tensor<From>& source) {
     std::vector<To> data;
@@ -213,7 +214,7 @@ Tensor<To> tensor_cast(const Tensor<From>& source) {
     return Tensor<To>(source.shape(), std::move(data));
 }
 
-// The multi-index of flat position `flat` in `shape`, as "(i, j)" for messages.
+/// The multi-index of flat position `flat` in `shape`, as "(i, j)" for messages.
 inline std::string index_string(const Shape& shape, std::size_t flat) {
     std::array<std::size_t, max_rank> index{};
     for (std::size_t axis = shape.rank(); axis-- > 0;) {

@@ -1,26 +1,27 @@
-// The gradient checker spread over MPI processes (ranks) with Boost.MPI: the same check as
-// check_gradients in check/gradcheck.hpp, run as
-//
-//     boost::mpi::environment environment(argc, argv);   // once, in main
-//     boost::mpi::communicator world;
-//     CheckReport report = check_gradients(graph, leaves, options, world);
-//
-// under `mpirun -np N`. Every rank records the graph and computes the analytic gradients (cheap);
-// the finite differences (the 50-digit replays, nearly all of the time) are shared among the
-// ranks, each taking its share with its own threads. The differences are then exchanged (one
-// all-gather per stage and per branch: 6 numbers of 50 digits per derivative) and every rank compares all of
-// them in the single-process order, so every rank ends with the report a single process gives
-// for the same seed: the same numbers, worst coordinates and verdict, by construction.
-//
-// Shares are balanced by replay cost (detail::replay_cost: the work of every node downstream of
-// the moved leaf), not by count: a coordinate of W_O replays one product, one of X the whole
-// layer. When a rank throws (its graph, a replay), the ranks that are waiting for it learn so at
-// the next exchange, and every rank returns a failed report naming the rank and the error; no
-// rank is left waiting. When every rank throws before any exchange (bad inputs, as a single
-// process would rethrow), every rank rethrows its own error.
-//
-// This is the only tapegrad header that includes MPI; check/gradcheck.hpp stays MPI-free. Build
-// with the tapegrad::mpi target (CMake option TAPEGRAD_WITH_MPI).
+/// \file
+/// The gradient checker spread over MPI processes (ranks) with Boost.MPI: the same check as
+/// check_gradients in check/gradcheck.hpp, run as
+///
+///     boost::mpi::environment environment(argc, argv);   // once, in main
+///     boost::mpi::communicator world;
+///     CheckReport report = check_gradients(graph, leaves, options, world);
+///
+/// under `mpirun -np N`. Every rank records the graph and computes the analytic gradients (cheap);
+/// the finite differences (the 50-digit replays, nearly all of the time) are shared among the
+/// ranks, each taking its share with its own threads. The differences are then exchanged (one
+/// all-gather per stage and per branch: 6 numbers of 50 digits per derivative) and every rank compares all of
+/// them in the single-process order, so every rank ends with the report a single process gives
+/// for the same seed: the same numbers, worst coordinates and verdict, by construction.
+///
+/// Shares are balanced by replay cost (detail::replay_cost: the work of every node downstream of
+/// the moved leaf), not by count: a coordinate of W_O replays one product, one of X the whole
+/// layer. When a rank throws (its graph, a replay), the ranks that are waiting for it learn so at
+/// the next exchange, and every rank returns a failed report naming the rank and the error; no
+/// rank is left waiting. When every rank throws before any exchange (bad inputs, as a single
+/// process would rethrow), every rank rethrows its own error.
+///
+/// This is the only tapegrad header that includes MPI; check/gradcheck.hpp stays MPI-free. Build
+/// with the tapegrad::mpi target (CMake option TAPEGRAD_WITH_MPI).
 #pragma once
 
 #include "check/gradcheck.hpp"
@@ -44,10 +45,10 @@
 
 namespace tapegrad {
 
-// What one rank did in a distributed check: the seconds (wall clock) it spent taking its share of
-// the finite differences, the CPU seconds of its process meanwhile (on a machine shared with
-// other work the wall clock also counts the time the rank waited for a core), how many
-// differences it took, and their estimated replay cost (what the shares balance).
+/// What one rank did in a distributed check: the seconds (wall clock) it spent taking its share of
+/// the finite differences, the CPU seconds of its process meanwhile (on a machine shared with
+/// other work the wall clock also counts the time the rank waited for a core), how many
+/// differences it took, and their estimated replay cost (what the shares balance).
 struct RankLoad {
     double seconds = 0;
     double cpu_seconds = 0;
@@ -62,16 +63,16 @@ struct RankLoad {
 
 namespace detail {
 
-// Where a rank is when it meets the others at an exchange.
+/// Where a rank is when it meets the others at an exchange.
 enum class RankState : int { working, finished, failed };
 
-// What a rank tells the others at each exchange.
+/// What a rank tells the others at each exchange.
 struct Envelope {
     RankState state = RankState::working;
-    std::string message;       // failed: what it threw; finished with a failed check: why
-    std::size_t items = 0;     // working: the probes of this stage (all ranks must agree)
-    std::vector<mp50> numeric;  // working: its share's differences, 6 numbers each, in item order
-    RankLoad load;             // finished: its totals
+    std::string message;       ///< failed: what it threw; finished with a failed check: why
+    std::size_t items = 0;     ///< working: the probes of this stage (all ranks must agree)
+    std::vector<mp50> numeric;  ///< working: its share's differences, 6 numbers each, in item order
+    RankLoad load;             ///< finished: its totals
 
     template <class Archive>
     void serialize(Archive& archive, unsigned /*version*/) {
@@ -79,17 +80,17 @@ struct Envelope {
     }
 };
 
-// Thrown on every rank when an exchange shows a rank that is no longer working: every rank stops
-// and makes its report from the same envelopes. Not a std::exception: nothing in the checker
-// mistakes it for an error of the graph.
+/// Thrown on every rank when an exchange shows a rank that is no longer working: every rank stops
+/// and makes its report from the same envelopes. Not a std::exception: nothing in the checker
+/// mistakes it for an error of the graph.
 struct RanksStopped {
     std::vector<Envelope> envelopes;
 };
 
-// Each rank's items: given out by decreasing cost (a stable sort, so in item order among equal
-// costs), each to the rank with the least cost so far (the lowest such rank). Probes of one leaf
-// cost the same, so each rank gets every N-th coordinate of each leaf: the shares stay balanced
-// even where the estimate is off by a constant factor for some op. Each share is in item order.
+/// Each rank's items: given out by decreasing cost (a stable sort, so in item order among equal
+/// costs), each to the rank with the least cost so far (the lowest such rank). Probes of one leaf
+/// cost the same, so each rank gets every N-th coordinate of each leaf: the shares stay balanced
+/// even where the estimate is off by a constant factor for some op. Each share is in item order.
 inline std::vector<std::vector<std::size_t>> share_by_cost(std::span<const double> costs, std::size_t ranks) {
     std::vector<std::size_t> order(costs.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -105,14 +106,14 @@ inline std::vector<std::vector<std::size_t>> share_by_cost(std::span<const doubl
     return shares;
 }
 
-// CPU time of this process, all its threads.
+/// CPU time of this process, all its threads.
 inline double process_cpu_seconds() {
     timespec now{};
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
     return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
-// The differences the check compares, 6 numbers per item: central, right, left at both steps.
+/// The differences the check compares, 6 numbers per item: central, right, left at both steps.
 inline void pack(const std::array<Differences, 2>& numeric, std::vector<mp50>& into) {
     for (const Differences& d : numeric) into.insert(into.end(), {d.central, d.right, d.left});
 }
@@ -121,7 +122,7 @@ inline std::array<Differences, 2> unpack(std::span<const mp50> from) {
     return {Differences{from[0], from[1], from[2]}, Differences{from[3], from[4], from[5]}};
 }
 
-// The message of whatever was thrown.
+/// The message of whatever was thrown.
 inline std::string what_was_thrown(const std::exception_ptr& thrown) {
     try {
         std::rethrow_exception(thrown);
@@ -132,7 +133,7 @@ inline std::string what_was_thrown(const std::exception_ptr& thrown) {
     }
 }
 
-// The finite differences shared among the ranks of a communicator (detail::WorkSplit).
+/// The finite differences shared among the ranks of a communicator (detail::WorkSplit).
 class MpiSplit final : public WorkSplit {
 public:
     explicit MpiSplit(const boost::mpi::communicator& world) : world_(world) {}
@@ -166,7 +167,7 @@ public:
         }
     }
 
-    // Every rank's envelope; throws RanksStopped when any rank (this one too) is not working.
+    /// Every rank's envelope; throws RanksStopped when any rank (this one too) is not working.
     std::vector<Envelope> exchange(const Envelope& mine) {
         std::vector<Envelope> all = gather(mine);
         const bool all_working = std::all_of(all.begin(), all.end(),
@@ -175,7 +176,7 @@ public:
         return all;
     }
 
-    // The last exchange, from a rank that finished or failed.
+    /// The last exchange, from a rank that finished or failed.
     std::vector<Envelope> gather(const Envelope& mine) {
         std::vector<Envelope> all;
         boost::mpi::all_gather(world_, mine, all);
@@ -190,8 +191,8 @@ private:
     RankLoad load_;
 };
 
-// The report of a check that stopped: failed, one consistency line per rank that did not keep
-// working, the same on every rank.
+/// The report of a check that stopped: failed, one consistency line per rank that did not keep
+/// working, the same on every rank.
 inline CheckReport stopped_report(const CheckOptions& options, const std::vector<Envelope>& envelopes) {
     CheckReport report;
     report.passed = false;
@@ -218,10 +219,10 @@ inline CheckReport stopped_report(const CheckOptions& options, const std::vector
 
 namespace detail {
 
-// A check with every rank of `world` taking a share of its finite differences: `run` runs it on
-// this rank with the given options and split. Every rank returns the same report; only rank 0
-// calls options.progress; `loads`, when given, receives each rank's RankLoad (zeros for a rank that
-// stopped early).
+/// A check with every rank of `world` taking a share of its finite differences: `run` runs it on
+/// this rank with the given options and split. Every rank returns the same report; only rank 0
+/// calls options.progress; `loads`, when given, receives each rank's RankLoad (zeros for a rank that
+/// stopped early).
 inline CheckReport check_over_ranks(const CheckOptions& options, const boost::mpi::communicator& world,
                                     std::vector<RankLoad>* loads,
                                     const std::function<CheckReport(const CheckOptions&, WorkSplit*)>& run) {
@@ -254,8 +255,8 @@ inline CheckReport check_over_ranks(const CheckOptions& options, const boost::mp
 
 }  // namespace detail
 
-// Checks the gradients of `graph` with every rank of `world` taking a share of the finite
-// differences (see the top of this file and detail::check_over_ranks).
+/// Checks the gradients of `graph` with every rank of `world` taking a share of the finite
+/// differences (see the top of this file and detail::check_over_ranks).
 template <std::size_t N, class Graph>
 CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const CheckOptions& options,
                             const boost::mpi::communicator& world, std::vector<RankLoad>* loads = nullptr) {
@@ -265,8 +266,8 @@ CheckReport check_gradients(Graph&& graph, const NamedTensor (&leaves)[N], const
     });
 }
 
-// The check of a recorded tape (check/recorded.hpp) over the ranks of `world`: every rank holds
-// the same recorded tape (each recorded it, or each loaded it).
+/// The check of a recorded tape (check/recorded.hpp) over the ranks of `world`: every rank holds
+/// the same recorded tape (each recorded it, or each loaded it).
 template <Scalar S>
     requires std::same_as<S, double> || std::same_as<S, float>
 CheckReport check_gradients(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options,

@@ -1,9 +1,10 @@
-// fmt support for tapegrad: `fmt::format("{}", tensor)` prints nested rows like Python lists,
-// `[[0.75, 0.25], [0.25, 0.75]]`; `{:.6}` sets the significant digits. Works for float, double
-// and the multiprecision types. Without a precision every value prints so that it reads back
-// exactly: shortest round-trip form for float/double, max_digits10 digits (52 for mp50) for
-// multiprecision types. `{:.0}` is the same as no precision.
-// Shapes print as "[2x3]".
+/// \file
+/// fmt support for tapegrad: `fmt::format("{}", tensor)` prints nested rows like Python lists,
+/// `[[0.75, 0.25], [0.25, 0.75]]`; `{:.6}` sets the significant digits. Works for float, double
+/// and the multiprecision types. Without a precision every value prints so that it reads back
+/// exactly: shortest round-trip form for float/double, max_digits10 digits (52 for mp50) for
+/// multiprecision types. `{:.0}` is the same as no precision.
+/// Shapes print as "[2x3]".
 #pragma once
 
 #include "autodiff/tensor.hpp"
@@ -16,8 +17,8 @@
 
 namespace tapegrad {
 
-// One scalar as text: `precision` significant digits when precision > 0; otherwise the
-// round-trip form (shortest for float/double, max_digits10 digits for multiprecision types).
+/// One scalar as text: `precision` significant digits when precision > 0; otherwise the
+/// round-trip form (shortest for float/double, max_digits10 digits for multiprecision types).
 template <Scalar T>
 std::string format_scalar(const T& x, int precision = 0) {
     if constexpr (std::floating_point<T>) {
@@ -58,10 +59,10 @@ std::string tensor_text_of(const Tensor<T>& tensor, int precision) {
 
 }  // namespace detail
 
-// A tensor as nested rows, each value as format_scalar writes it with `precision`. Compiled once,
-// in the library (src/io/format.cpp), for float, double and mp50 (declared in autodiff/mp50.hpp): fmt's
-// formatting code costs a program that prints a tensor seconds of compile time otherwise. Other
-// types use the template.
+/// A tensor as nested rows, each value as format_scalar writes it with `precision`. Compiled once,
+/// in the library (src/io/format.cpp), for float, double and mp50 (declared in autodiff/mp50.hpp): fmt's
+/// formatting code costs a program that prints a tensor seconds of compile time otherwise. Other
+/// types use the template.
 std::string tensor_text(const Tensor<float>& tensor, int precision = 0);
 std::string tensor_text(const Tensor<double>& tensor, int precision = 0);
 
@@ -72,6 +73,7 @@ std::string tensor_text(const Tensor<T>& tensor, int precision = 0) {
 
 }  // namespace tapegrad
 
+/// \cond EXTERNAL_SPECIALIZATIONS (Doxygen cannot place a specialization of an fmt class)
 // (The formatters use fmt/core.h only, so that a program printing tensors need not compile
 // fmt/format.h; a bad format spec raises fmt::format_error through fmt's own thrower.)
 template <>
@@ -113,3 +115,4 @@ struct fmt::formatter<tapegrad::Tensor<T>> {
         return std::copy(text.begin(), text.end(), context.out());
     }
 };
+/// \endcond

@@ -1,11 +1,12 @@
-// Graph pictures: a tape exported as Graphviz DOT, one node per value (op name, label, output
-// shape), leaves drawn as boxes (parameters filled, constants dashed), one edge per op input,
-// from the input to the output it feeds (numbered by input slot when an op has several).
-//
-//     std::ofstream("attention.dot") << to_dot(tape);      // then: dot -Tsvg attention.dot
-//
-// Written only from the tape's public description (Tape::size, Tape::info), so it shows what the
-// tape recorded, not what a model meant to record.
+/// \file
+/// Graph pictures: a tape exported as Graphviz DOT, one node per value (op name, label, output
+/// shape), leaves drawn as boxes (parameters filled, constants dashed), one edge per op input,
+/// from the input to the output it feeds (numbered by input slot when an op has several).
+///
+///     std::ofstream("attention.dot") << to_dot(tape);      // then: dot -Tsvg attention.dot
+///
+/// Written only from the tape's public description (Tape::size, Tape::info), so it shows what the
+/// tape recorded, not what a model meant to record.
 #pragma once
 
 #include "autodiff/tape.hpp"
@@ -19,10 +20,10 @@ namespace tapegrad {
 
 struct DotOptions {
     std::string graph_name = "tapegrad";
-    bool show_cost = false;  // add each op's forward multiply-adds to its node
+    bool show_cost = false;  ///< add each op's forward multiply-adds to its node
 };
 
-// `text` as the inside of a DOT double-quoted string.
+/// `text` as the inside of a DOT double-quoted string.
 inline std::string dot_escape(std::string_view text) {
     std::string escaped;
     for (const char c : text) {

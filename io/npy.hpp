@@ -1,14 +1,15 @@
-// NumPy interchange: reads and writes `.npy` files (format version 1.0; float64 '<f8' and float32
-// '<f4'; C order; little-endian), so tensors cross over to NumPy and PyTorch:
-//
-//     save_npy("O.npy", O.value());                 // np.load("O.npy")
-//     Tensor<double> X = load_npy("X.npy");         // np.save("X.npy", X)
-//
-// Every malformed file raises io_error naming the file and what is wrong with it (missing file,
-// bad magic, truncated header or data, unknown or wrong dtype, Fortran order, a shape that
-// disagrees with the data size, absurd sizes); nothing is read outside the bytes given, and
-// nothing is allocated before the shape has been checked against the data actually present.
-// The parser works on bytes in memory (parse_npy), which is what the fuzzer drives.
+/// \file
+/// NumPy interchange: reads and writes `.npy` files (format version 1.0; float64 '<f8' and float32
+/// '<f4'; C order; little-endian), so tensors cross over to NumPy and PyTorch:
+///
+///     save_npy("O.npy", O.value());                 // np.load("O.npy")
+///     Tensor<double> X = load_npy("X.npy");         // np.save("X.npy", X)
+///
+/// Every malformed file raises io_error naming the file and what is wrong with it (missing file,
+/// bad magic, truncated header or data, unknown or wrong dtype, Fortran order, a shape that
+/// disagrees with the data size, absurd sizes); nothing is read outside the bytes given, and
+/// nothing is allocated before the shape has been checked against the data actually present.
+/// The parser works on bytes in memory (parse_npy), which is what the fuzzer drives.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -33,7 +34,7 @@ namespace tapegrad {
 
 enum class NpyDtype { float64, float32 };
 
-// What a .npy header says: element type, shape, and where the data starts.
+/// What a .npy header says: element type, shape, and where the data starts.
 struct NpyHeader {
     NpyDtype dtype = NpyDtype::float64;
     Shape shape;
@@ -46,7 +47,7 @@ inline constexpr std::string_view magic = "\x93NUMPY";
 
 inline std::size_t item_size(NpyDtype dtype) { return dtype == NpyDtype::float64 ? 8 : 4; }
 
-// A cursor over the header's Python-literal dict, raising io_error with the file's name.
+/// A cursor over the header's Python-literal dict, raising io_error with the file's name.
 class HeaderParser {
 public:
     HeaderParser(std::string_view text, std::string_view source) : text_(text), source_(source) {}
@@ -108,7 +109,7 @@ public:
         if (pos_ < text_.size() && text_[pos_] == 'L') ++pos_;  // Python 2 long suffix
         return value;
     }
-    // (2, 3) or (3,) or ().
+    /// (2, 3) or (3,) or ().
     std::vector<std::size_t> tuple() {
         expect('(');
         std::vector<std::size_t> dims;
@@ -142,9 +143,9 @@ Word little_endian_word(const char* bytes) {
 
 }  // namespace npy_detail
 
-// Parses and checks the header of the .npy image `bytes` (the whole file); `source` names it in
-// messages. Checks the data size against the shape too, so a header that passes describes
-// exactly the bytes that follow it.
+/// Parses and checks the header of the .npy image `bytes` (the whole file); `source` names it in
+/// messages. Checks the data size against the shape too, so a header that passes describes
+/// exactly the bytes that follow it.
 inline NpyHeader parse_npy_header(std::string_view bytes, std::string_view source = "<memory>") {
     using npy_detail::HeaderParser;
     // Magic first (as far as the file goes), so a short text file is called what it is.
@@ -231,7 +232,7 @@ inline NpyHeader parse_npy_header(std::string_view bytes, std::string_view sourc
     return header;
 }
 
-// The tensor in the .npy image `bytes`, converted to T.
+/// The tensor in the .npy image `bytes`, converted to T.
 template <Scalar T = double>
 Tensor<T> parse_npy(std::string_view bytes, std::string_view source = "<memory>") {
     const NpyHeader header = parse_npy_header(bytes, source);
@@ -250,7 +251,7 @@ Tensor<T> parse_npy(std::string_view bytes, std::string_view source = "<memory>"
     return Tensor<T>(header.shape, std::move(data));
 }
 
-// Reads a .npy file. Raises io_error for a missing or unreadable file and anything malformed.
+/// Reads a .npy file. Raises io_error for a missing or unreadable file and anything malformed.
 template <Scalar T = double>
 Tensor<T> load_npy(const std::filesystem::path& path) {
     std::ifstream file(path, std::ios::binary);
@@ -262,8 +263,8 @@ Tensor<T> load_npy(const std::filesystem::path& path) {
     return parse_npy<T>(bytes, fmt::format("'{}'", path.string()));
 }
 
-// The .npy image of `tensor` (version 1.0, C order, little-endian). Multiprecision values are
-// rounded to the dtype; `dtype` float32 rounds doubles too.
+/// The .npy image of `tensor` (version 1.0, C order, little-endian). Multiprecision values are
+/// rounded to the dtype; `dtype` float32 rounds doubles too.
 template <Scalar T>
 std::string npy_bytes(const Tensor<T>& tensor, NpyDtype dtype = NpyDtype::float64) {
     std::string shape = "(";
@@ -296,7 +297,7 @@ std::string npy_bytes(const Tensor<T>& tensor, NpyDtype dtype = NpyDtype::float6
     return bytes;
 }
 
-// Writes `tensor` as a .npy file. Raises io_error when the file cannot be written completely.
+/// Writes `tensor` as a .npy file. Raises io_error when the file cannot be written completely.
 template <Scalar T>
 void save_npy(const std::filesystem::path& path, const Tensor<T>& tensor, NpyDtype dtype = NpyDtype::float64) {
     const std::string bytes = npy_bytes(tensor, dtype);

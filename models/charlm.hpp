@@ -1,15 +1,16 @@
-// A character-level language model on real text: the transformer of models/transformer.hpp
-// trained with AdamW, warm-up + cosine decay and global-norm clipping (models/optimizer.hpp) on
-// text from Debian's `fortunes` package. The pieces examples/train_charlm.cpp and the tests use:
-//   * CharLmSettings: the model size and the training schedule (typed, with their defaults);
-//   * Corpus: plain-text files read in the given order, cleaned, split into training and
-//     validation text, encoded over the alphabet of characters that occur;
-//   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
-//     reused Tape<T>; a step on the batch of a given step number (drawn from a generator seeded by
-//     (seed, step), so a resumed run draws the same batches), the validation loss, checkpoints
-//     (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
-//     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
-//     from a prompt through the memory path.
+/// \file
+/// A character-level language model on real text: the transformer of models/transformer.hpp
+/// trained with AdamW, warm-up + cosine decay and global-norm clipping (models/optimizer.hpp) on
+/// text from Debian's `fortunes` package. The pieces examples/train_charlm.cpp and the tests use:
+///   * CharLmSettings: the model size and the training schedule (typed, with their defaults);
+///   * Corpus: plain-text files read in the given order, cleaned, split into training and
+///     validation text, encoded over the alphabet of characters that occur;
+///   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
+///     reused Tape<T>; a step on the batch of a given step number (drawn from a generator seeded by
+///     (seed, step), so a resumed run draws the same batches), the validation loss, checkpoints
+///     (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
+///     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
+///     from a prompt through the memory path.
 #pragma once
 
 #include "io/npy.hpp"
@@ -43,18 +44,18 @@ struct CharLmSettings {
     std::size_t layers = 2;
     std::size_t width = 64;
     std::size_t heads = 4;
-    std::size_t context = 64;   // T: characters per training sequence
-    std::size_t batch = 16;     // sequences per step
-    std::size_t steps = 6000;   // S: the schedule's length
-    std::size_t warmup = 200;   // W
-    double peak_rate = 1e-2;    // 3e-3 reached 2.74 bits/char in 2000 steps; see the README
-    double floor_ratio = 0.1;   // the cosine decays to peak_rate·floor_ratio
-    double weight_decay = 0.1;  // λ, on matrices only (DecayScope::matrices)
-    double clip_norm = 1.0;     // global gradient norm cap
-    double beta2 = 0.99;        // nanoGPT's choice for small character models
-    std::uint64_t seed = 1;     // initialisation and batches
-    // The same function either way (tests/test_transformer.cpp holds them together); fused keeps no
-    // T×T score matrices on the tape and trains faster (bench_charlm prints both).
+    std::size_t context = 64;   ///< T: characters per training sequence
+    std::size_t batch = 16;     ///< sequences per step
+    std::size_t steps = 6000;   ///< S: the schedule's length
+    std::size_t warmup = 200;   ///< W
+    double peak_rate = 1e-2;    ///< 3e-3 reached 2.74 bits/char in 2000 steps; see the README
+    double floor_ratio = 0.1;   ///< the cosine decays to peak_rate·floor_ratio
+    double weight_decay = 0.1;  ///< λ, on matrices only (DecayScope::matrices)
+    double clip_norm = 1.0;     ///< global gradient norm cap
+    double beta2 = 0.99;        ///< nanoGPT's choice for small character models
+    std::uint64_t seed = 1;     ///< initialisation and batches
+    /// The same function either way (tests/test_transformer.cpp holds them together); fused keeps no
+    /// T×T score matrices on the tape and trains faster (bench_charlm prints both).
     AttentionKernel kernel = AttentionKernel::fused;
 
     TransformerConfig model(std::size_t vocabulary) const {
@@ -74,8 +75,8 @@ struct CharLmSettings {
     WarmupCosine schedule() const { return {peak_rate, warmup, steps, floor_ratio}; }
 };
 
-// The default corpus: prose files of /usr/share/games/fortunes (Debian package `fortunes`), in
-// this order; the other files there are ASCII art, binary indexes (.dat) or links (.u8).
+/// The default corpus: prose files of /usr/share/games/fortunes (Debian package `fortunes`), in
+/// this order; the other files there are ASCII art, binary indexes (.dat) or links (.u8).
 inline std::vector<std::filesystem::path> default_corpus_files() {
     std::vector<std::filesystem::path> files;
     for (const char* name : {"cookie", "fortunes", "humorists", "literature", "love", "people", "platitudes", "wisdom",
@@ -86,7 +87,7 @@ inline std::vector<std::filesystem::path> default_corpus_files() {
 }
 
 struct Corpus {
-    std::string alphabet;  // the characters that occur, sorted; token k is alphabet[k]
+    std::string alphabet;  ///< the characters that occur, sorted; token k is alphabet[k]
     std::vector<std::size_t> train, validation;
 
     std::size_t token_of(char c) const {
@@ -98,8 +99,8 @@ struct Corpus {
     }
 };
 
-// Printable ASCII and newlines; a tab becomes a space; an overstruck character ("_\bx", the
-// fortunes' underlining) keeps only what was struck over it; every other byte is dropped.
+/// Printable ASCII and newlines; a tab becomes a space; an overstruck character ("_\bx", the
+/// fortunes' underlining) keeps only what was struck over it; every other byte is dropped.
 inline std::string clean_text(const std::string& raw) {
     std::string text;
     for (const char c : raw) {
@@ -114,8 +115,8 @@ inline std::string clean_text(const std::string& raw) {
     return text;
 }
 
-// The files concatenated in the given order and cleaned; every tenth block of 1000 characters
-// (blocks 9, 19, ...) is validation text, the rest training text, so both sample every file.
+/// The files concatenated in the given order and cleaned; every tenth block of 1000 characters
+/// (blocks 9, 19, ...) is validation text, the rest training text, so both sample every file.
 inline Corpus load_corpus(const std::vector<std::filesystem::path>& files) {
     std::string text;
     for (const auto& path : files) {
@@ -133,7 +134,7 @@ inline Corpus load_corpus(const std::vector<std::filesystem::path>& files) {
     return corpus;
 }
 
-// B windows of T + 1 characters: tokens are the first T, targets the last T.
+/// B windows of T + 1 characters: tokens are the first T, targets the last T.
 struct CharBatch {
     std::size_t size = 0;
     std::vector<std::size_t> tokens, targets;
@@ -150,8 +151,8 @@ inline CharBatch windows_at(const std::vector<std::size_t>& text, std::span<cons
     return batch;
 }
 
-// The training batch of step `step`: B random windows, from a generator seeded by (seed, step)
-// through std::seed_seq (its algorithm is specified, so every standard library draws the same).
+/// The training batch of step `step`: B random windows, from a generator seeded by (seed, step)
+/// through std::seed_seq (its algorithm is specified, so every standard library draws the same).
 inline CharBatch training_batch(const Corpus& corpus, const CharLmSettings& s, std::size_t step) {
     if (corpus.train.size() <= s.context + 1) throw value_error("charlm: the training text is shorter than one window");
     std::seed_seq seeds{static_cast<std::uint64_t>(s.seed), static_cast<std::uint64_t>(step)};
@@ -161,16 +162,16 @@ inline CharBatch training_batch(const Corpus& corpus, const CharLmSettings& s, s
     return windows_at(corpus.train, starts, s.context);
 }
 
-// The scalar type a run trains in, by its NumPy name (the checkpoint's dtype, --dtype).
+/// The scalar type a run trains in, by its NumPy name (the checkpoint's dtype, --dtype).
 template <std::floating_point T>
 constexpr std::string_view dtype_name() {
     return std::is_same_v<T, float> ? "float32" : "float64";
 }
 
-// T = double or float: the parameters, their gradients (the tape is a Tape<T>) and Adam's moments
-// are all T, as in PyTorch's float32 training (models/optimizer.hpp says which scalars stay
-// double). Losses are returned, and validation losses summed, in double. A float trainer starts
-// from the double initialisation rounded to float, so both types start from the same draw.
+/// T = double or float: the parameters, their gradients (the tape is a Tape<T>) and Adam's moments
+/// are all T, as in PyTorch's float32 training (models/optimizer.hpp says which scalars stay
+/// double). Losses are returned, and validation losses summed, in double. A float trainer starts
+/// from the double initialisation rounded to float, so both types start from the same draw.
 template <std::floating_point T>
 class BasicCharLmTrainer {
 public:
@@ -178,7 +179,7 @@ public:
         : settings_(settings), corpus_(corpus), config_(settings.model(corpus.alphabet.size())),
           parameters_(initial(config_)), adam_(settings.adam()) {}
 
-    // One AdamW step on the batch of step number steps_done(); returns the loss before it.
+    /// One AdamW step on the batch of step number steps_done(); returns the loss before it.
     double step() {
         const std::size_t s = adam_.steps();
         const CharBatch batch = training_batch(corpus_, settings_, s);
@@ -197,9 +198,9 @@ public:
         return static_cast<double>(J.value().item());
     }
 
-    // Mean loss (nats per character) over consecutive windows of the validation text, at most
-    // `max_windows` of them spread evenly over it (0: all). Each batch's loss is computed in T, the
-    // mean over batches in double.
+    /// Mean loss (nats per character) over consecutive windows of the validation text, at most
+    /// `max_windows` of them spread evenly over it (0: all). Each batch's loss is computed in T, the
+    /// mean over batches in double.
     double validation_loss(std::size_t max_windows = 0) {
         const std::size_t context = settings_.context, available = (corpus_.validation.size() - 1) / context;
         const std::size_t count = max_windows == 0 ? available : std::min(available, max_windows);
@@ -224,14 +225,14 @@ public:
     double last_gradient_norm() const { return last_norm_; }
     const std::vector<Tensor<T>>& parameters() const { return parameters_; }
     const TransformerConfig& config() const { return config_; }
-    // The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
-    // step or validation clears it: what check_gradients(tape, J) checks in place.
+    /// The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
+    /// step or validation clears it: what check_gradients(tape, J) checks in place.
     const Tape<T>& last_step_tape() const { return tape_; }
     Var<T> last_step_loss() const { return loss_; }
 
     void save(const std::filesystem::path& directory) const;
-    // Resumes from the checkpoint `directory` names (see find_checkpoint: the directory itself, or
-    // what an interrupted save left beside it); returns the directory actually read.
+    /// Resumes from the checkpoint `directory` names (see find_checkpoint: the directory itself, or
+    /// what an interrupted save left beside it); returns the directory actually read.
     std::filesystem::path load(const std::filesystem::path& directory);
     std::string sample(const std::string& prompt, std::size_t length, std::uint64_t seed, double temperature = 1.0);
 
@@ -245,7 +246,7 @@ private:
             return rounded;
         }
     }
-    // The parameters as named leaves of the cleared tape (copied as they are: no conversion).
+    /// The parameters as named leaves of the cleared tape (copied as they are: no conversion).
     TransformerVars<T> record_parameters() {
         tape_.clear();
         const std::vector<std::string> names = parameter_names(config_);
@@ -267,10 +268,10 @@ private:
     double last_norm_ = 0;
 };
 
-// The double trainer, as every caller before float training named it.
+/// The double trainer, as every caller before float training named it.
 using CharLmTrainer = BasicCharLmTrainer<double>;
 
-// The leaves' gradients, in parameter order, into the trainer's own buffers (clipping scales them).
+/// The leaves' gradients, in parameter order, into the trainer's own buffers (clipping scales them).
 template <std::floating_point T>
 void BasicCharLmTrainer<T>::copy_gradients(const TransformerVars<T>& vars) {
     const std::vector<Var<T>> leaves = vars.all();
@@ -290,8 +291,8 @@ inline std::string hex(const std::string& text) {
     return out;
 }
 
-// The manifest: format line, step count, the alphabet, the model size, the scalar type, then one
-// line per parameter. A checkpoint written before float training has no dtype line: float64.
+/// The manifest: format line, step count, the alphabet, the model size, the scalar type, then one
+/// line per parameter. A checkpoint written before float training has no dtype line: float64.
 inline std::string manifest(const TransformerConfig& c, const std::string& alphabet, std::size_t steps,
                             std::string_view dtype) {
     std::string text = fmt::format("tapegrad-charlm-checkpoint 1\nsteps_done {}\nalphabet {}\nlayers {}\nwidth {}\n"
@@ -303,7 +304,7 @@ inline std::string manifest(const TransformerConfig& c, const std::string& alpha
     return text;
 }
 
-// The manifest's "key value" lines as a map (parameter lines are checked through the shapes).
+/// The manifest's "key value" lines as a map (parameter lines are checked through the shapes).
 inline std::map<std::string, std::string> read_manifest(const std::filesystem::path& directory) {
     std::ifstream file(directory / "manifest.txt");
     if (!file) throw io_error(fmt::format("charlm: no checkpoint in '{}' (manifest.txt missing)", directory.string()));
@@ -316,12 +317,12 @@ inline std::map<std::string, std::string> read_manifest(const std::filesystem::p
     return fields;
 }
 
-// Test-only hook for examples/charlm_kill_resume.py, which must SIGKILL a save at a known moment:
-// with `TAPEGRAD_CHARLM_TEST_PAUSE=<steps>:<point>` in the environment, the save of the checkpoint
-// after `<steps>` steps stops at `<point>`, "files" (half of the files written into DIR.partial) or
-// "renamed" (DIR renamed to DIR.previous, DIR.partial not yet renamed to DIR), announces it on
-// standard error (`charlm test pause: <point> at step <steps>`) and sleeps 20 s, then goes on (so a
-// test that dies first leaves no process asleep for ever). Unset, a save costs one getenv.
+/// Test-only hook for examples/charlm_kill_resume.py, which must SIGKILL a save at a known moment:
+/// with `TAPEGRAD_CHARLM_TEST_PAUSE=<steps>:<point>` in the environment, the save of the checkpoint
+/// after `<steps>` steps stops at `<point>`, "files" (half of the files written into DIR.partial) or
+/// "renamed" (DIR renamed to DIR.previous, DIR.partial not yet renamed to DIR), announces it on
+/// standard error (`charlm test pause: <point> at step <steps>`) and sleeps 20 s, then goes on (so a
+/// test that dies first leaves no process asleep for ever). Unset, a save costs one getenv.
 inline void test_pause(std::string_view point, std::size_t steps) {
     const char* setting = std::getenv("TAPEGRAD_CHARLM_TEST_PAUSE");
     if (setting == nullptr || std::string_view(setting) != fmt::format("{}:{}", steps, point)) return;
@@ -337,14 +338,14 @@ inline bool complete(const std::filesystem::path& directory) {
 
 }  // namespace charlm_files
 
-// The checkpoint to resume from for the name `directory`. A save (below) writes DIR.partial,
-// manifest last, then renames DIR to DIR.previous and DIR.partial to DIR, and only then removes
-// DIR.previous; a process killed anywhere in it leaves one of: DIR complete (whatever lies beside
-// it is older or incomplete), or no DIR with DIR.partial complete (killed between the two renames:
-// the newer checkpoint) and DIR.previous complete (the older one). So: DIR when its manifest is
-// there, else a DIR.partial whose manifest is there (written last, so every file before it is
-// complete), else DIR.previous. This holds against the process being killed, not the machine
-// losing power: nothing is fsync'ed.
+/// The checkpoint to resume from for the name `directory`. A save (below) writes DIR.partial,
+/// manifest last, then renames DIR to DIR.previous and DIR.partial to DIR, and only then removes
+/// DIR.previous; a process killed anywhere in it leaves one of: DIR complete (whatever lies beside
+/// it is older or incomplete), or no DIR with DIR.partial complete (killed between the two renames:
+/// the newer checkpoint) and DIR.previous complete (the older one). So: DIR when its manifest is
+/// there, else a DIR.partial whose manifest is there (written last, so every file before it is
+/// complete), else DIR.previous. This holds against the process being killed, not the machine
+/// losing power: nothing is fsync'ed.
 inline std::filesystem::path find_checkpoint(const std::filesystem::path& directory) {
     for (const std::string suffix : {"", ".partial", ".previous"}) {
         const std::filesystem::path candidate = directory.string() + suffix;
@@ -355,13 +356,13 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& direct
                                directory.string()));
 }
 
-// Writes the parameters, Adam's moments and the manifest into `directory`, atomically as a whole:
-// everything goes into "<directory>.partial" first (each file through write_file_atomically,
-// the manifest last), which then replaces `directory` by renames. A save killed at any point leaves
-// a checkpoint find_checkpoint finds: first, what an earlier interrupted save left is settled (a
-// complete DIR.partial or DIR.previous renamed to DIR when DIR is missing), so that clearing
-// DIR.partial never deletes the only complete checkpoint. A save that fails (an exception) leaves
-// the previous checkpoint in place and removes the partial one. A float32 run writes float32 files.
+/// Writes the parameters, Adam's moments and the manifest into `directory`, atomically as a whole:
+/// everything goes into "<directory>.partial" first (each file through write_file_atomically,
+/// the manifest last), which then replaces `directory` by renames. A save killed at any point leaves
+/// a checkpoint find_checkpoint finds: first, what an earlier interrupted save left is settled (a
+/// complete DIR.partial or DIR.previous renamed to DIR when DIR is missing), so that clearing
+/// DIR.partial never deletes the only complete checkpoint. A save that fails (an exception) leaves
+/// the previous checkpoint in place and removes the partial one. A float32 run writes float32 files.
 template <std::floating_point T>
 void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     namespace fs = std::filesystem;
@@ -406,9 +407,9 @@ void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     }
 }
 
-// Reads the checkpoint find_checkpoint(directory) finds; refuses one of another model size,
-// alphabet or scalar type (no silent conversion: a float64 run resumed in float32 would not be
-// the run it claims to continue; convert the .npy files explicitly if that is what is wanted).
+/// Reads the checkpoint find_checkpoint(directory) finds; refuses one of another model size,
+/// alphabet or scalar type (no silent conversion: a float64 run resumed in float32 would not be
+/// the run it claims to continue; convert the .npy files explicitly if that is what is wanted).
 template <std::floating_point T>
 std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& requested) {
     const std::filesystem::path directory = find_checkpoint(requested);
@@ -462,11 +463,11 @@ std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& r
     return directory;
 }
 
-// `length` characters after `prompt`, each drawn from softmax(logits / temperature) with a
-// generator seeded by `seed`. The prompt goes through the model as one block, then every new
-// character as a block of one, through the memory (query_offset = the characters held). When the
-// context is full, the memory starts again from the last half of the context. The logits are T;
-// the drawing is done in double.
+/// `length` characters after `prompt`, each drawn from softmax(logits / temperature) with a
+/// generator seeded by `seed`. The prompt goes through the model as one block, then every new
+/// character as a block of one, through the memory (query_offset = the characters held). When the
+/// context is full, the memory starts again from the last half of the context. The logits are T;
+/// the drawing is done in double.
 template <std::floating_point T>
 std::string BasicCharLmTrainer<T>::sample(const std::string& prompt, std::size_t length, std::uint64_t seed,
                                           double temperature) {

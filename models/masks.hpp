@@ -1,18 +1,19 @@
-// Mask builders for attention: which keys each query may see, as 0/1 tensors for ops/mask.hpp.
-//
-// Causal with a query offset (the key-value cache case): query i of a block sits at absolute
-// position query_offset + i and sees key j only when j <= query_offset + i. A block of new
-// queries can so attend over the whole key history, and the full pass equals the same sequence
-// fed in blocks.
-//
-// Padding (batched sequences of different lengths, padded at the end to a common T):
-//   * a padded key (j >= length) is never visible to any query;
-//   * a padded query row (absolute position >= length) sees nothing: its row is hidden entirely,
-//     so softmax gives it all-zero weights, its attention output is exactly zero, and no gradient
-//     flows through it (see ops/softmax.hpp). Padded rows are defined, never NaN; a loss should
-//     simply not read them.
-//   * a length of zero is rejected (a sequence with no tokens has nothing to attend to), as is a
-//     length above the key count.
+/// \file
+/// Mask builders for attention: which keys each query may see, as 0/1 tensors for ops/mask.hpp.
+///
+/// Causal with a query offset (the key-value cache case): query i of a block sits at absolute
+/// position query_offset + i and sees key j only when j <= query_offset + i. A block of new
+/// queries can so attend over the whole key history, and the full pass equals the same sequence
+/// fed in blocks.
+///
+/// Padding (batched sequences of different lengths, padded at the end to a common T):
+///   * a padded key (j >= length) is never visible to any query;
+///   * a padded query row (absolute position >= length) sees nothing: its row is hidden entirely,
+///     so softmax gives it all-zero weights, its attention output is exactly zero, and no gradient
+///     flows through it (see ops/softmax.hpp). Padded rows are defined, never NaN; a loss should
+///     simply not read them.
+///   * a length of zero is rejected (a sequence with no tokens has nothing to attend to), as is a
+///     length above the key count.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -44,7 +45,7 @@ inline void check_block(std::string_view where, std::size_t query_count, std::si
 
 }  // namespace detail
 
-// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i.
+/// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i.
 inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0) {
     detail::check_block("causal_mask", query_count, key_count, query_offset);
     Tensor<double> M(Shape{query_count, key_count}, 0.0);
@@ -53,9 +54,9 @@ inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count
     return M;
 }
 
-// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same
-// pattern repeated for each of `heads` heads) when heads > 0. lengths[b] is the length of
-// sequence b in absolute positions (its first lengths[b] keys are real).
+/// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same
+/// pattern repeated for each of `heads` heads) when heads > 0. lengths[b] is the length of
+/// sequence b in absolute positions (its first lengths[b] keys are real).
 inline Tensor<double> padding_mask(std::span<const std::size_t> lengths, std::size_t query_count, std::size_t key_count,
                                    std::size_t query_offset = 0, bool causal = false, std::size_t heads = 0) {
     detail::check_block("padding_mask", query_count, key_count, query_offset);

@@ -1,15 +1,16 @@
-// Multi-head attention composed from ops (its gradient is the chain of the ops' VJPs):
-//   Q = X_q·W_Q, K = X_kv·W_K, V = X_kv·W_V            X [B, T, D] (or [T, D]); W_Q, W_K [D × H·dh], W_V [D × H·dv]
-//   Q_h, K_h, V_h = split_heads(...)                     [B, H, T, dh]: heads become batch matrices
-//   O_h = softmax(mask(Q_h·K_hᵀ/√dh))·V_h                per head, scaled by the head width dh
-//                                                        (masked_attention, models/attention.hpp)
-//   Y = merge_heads(O_h)·W_O                              W_O [H·dv × D_out] -> Y [B, Tq, D_out]
-// Options: causal masking with a query offset (queries X_q are the block at absolute positions
-// query_offset.., keys and values X_kv the whole history), per-sequence lengths (padding, see
-// models/masks.hpp: padded keys are never attended to, padded query rows output exactly zero),
-// dropout on the weights with an explicit generator, and the per-head kernel: `composed` (the
-// ops above) or `fused` (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d)V, which
-// supports causal masking and the offset only).
+/// \file
+/// Multi-head attention composed from ops (its gradient is the chain of the ops' VJPs):
+///   Q = X_q·W_Q, K = X_kv·W_K, V = X_kv·W_V            X [B, T, D] (or [T, D]); W_Q, W_K [D × H·dh], W_V [D × H·dv]
+///   Q_h, K_h, V_h = split_heads(...)                     [B, H, T, dh]: heads become batch matrices
+///   O_h = softmax(mask(Q_h·K_hᵀ/√dh))·V_h                per head, scaled by the head width dh
+///                                                        (masked_attention, models/attention.hpp)
+///   Y = merge_heads(O_h)·W_O                              W_O [H·dv × D_out] -> Y [B, Tq, D_out]
+/// Options: causal masking with a query offset (queries X_q are the block at absolute positions
+/// query_offset.., keys and values X_kv the whole history), per-sequence lengths (padding, see
+/// models/masks.hpp: padded keys are never attended to, padded query rows output exactly zero),
+/// dropout on the weights with an explicit generator, and the per-head kernel: `composed` (the
+/// ops above) or `fused` (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d)V, which
+/// supports causal masking and the offset only).
 #pragma once
 
 #include "models/attention.hpp"
@@ -26,17 +27,17 @@
 
 namespace tapegrad {
 
-// How each head's softmax(Q·Kᵀ/√d)·V is computed.
+/// How each head's softmax(Q·Kᵀ/√d)·V is computed.
 enum class AttentionKernel {
-    composed,  // matmul, scale, mask, softmax, dropout, matmul: every intermediate on the tape
-    fused,     // one fused_attention op (causal + query_offset only; no padding, no dropout)
+    composed,  ///< matmul, scale, mask, softmax, dropout, matmul: every intermediate on the tape
+    fused,     ///< one fused_attention op (causal + query_offset only; no padding, no dropout)
 };
 
 constexpr std::string_view attention_kernel_name(AttentionKernel kernel) {
     return kernel == AttentionKernel::fused ? "fused" : "composed";
 }
 
-// The kernel a command line names ("composed" or "fused").
+/// The kernel a command line names ("composed" or "fused").
 inline AttentionKernel attention_kernel_from(std::string_view name) {
     for (const AttentionKernel kernel : {AttentionKernel::composed, AttentionKernel::fused}) {
         if (name == attention_kernel_name(kernel)) return kernel;
@@ -47,23 +48,23 @@ inline AttentionKernel attention_kernel_from(std::string_view name) {
 struct MultiHeadOptions {
     std::size_t heads = 1;
     bool causal = true;
-    std::size_t query_offset = 0;          // absolute position of the first query (key-value cache)
-    std::vector<std::size_t> lengths{};    // per-sequence lengths; empty = no padding
+    std::size_t query_offset = 0;          ///< absolute position of the first query (key-value cache)
+    std::vector<std::size_t> lengths{};    ///< per-sequence lengths; empty = no padding
     std::optional<DropoutSettings> dropout{};
     AttentionKernel kernel = AttentionKernel::composed;
 };
 
 template <Scalar T>
 struct MultiHeadWeights {
-    Var<T> W_Q, W_K, W_V, W_O;  // W_Q and W_K may be one Var (tied): the gradient sums both paths
+    Var<T> W_Q, W_K, W_V, W_O;  ///< W_Q and W_K may be one Var (tied): the gradient sums both paths
 };
 
 template <Scalar T>
 struct MultiHeadResult {
-    Var<T> Q, K, V;  // per-head projections [B, H, T, dh]
-    Var<T> A;        // per-head weights before dropout [B, H, Tq, Tk] (composed kernel only)
-    Var<T> O;        // per-head outputs [B, H, Tq, dv]
-    Var<T> Y;        // merged and projected output [B, Tq, D_out]
+    Var<T> Q, K, V;  ///< per-head projections [B, H, T, dh]
+    Var<T> A;        ///< per-head weights before dropout [B, H, Tq, Tk] (composed kernel only)
+    Var<T> O;        ///< per-head outputs [B, H, Tq, dv]
+    Var<T> Y;        ///< merged and projected output [B, Tq, D_out]
 };
 
 namespace detail {
@@ -122,7 +123,7 @@ void check_multihead(const Var<T>& X_query, const Var<T>& X_memory, const MultiH
 
 }  // namespace detail
 
-// Queries from X_query, keys and values from X_memory (the history, for the key-value cache case).
+/// Queries from X_query, keys and values from X_memory (the history, for the key-value cache case).
 template <Scalar T>
 MultiHeadResult<T> multihead_attention(const Var<T>& X_query, const Var<T>& X_memory, const MultiHeadWeights<T>& w,
                                        const MultiHeadOptions& options) {
@@ -154,7 +155,7 @@ MultiHeadResult<T> multihead_attention(const Var<T>& X_query, const Var<T>& X_me
     return result;
 }
 
-// Self-attention: queries, keys and values all from X.
+/// Self-attention: queries, keys and values all from X.
 template <Scalar T>
 MultiHeadResult<T> multihead_attention(const Var<T>& X, const MultiHeadWeights<T>& w, const MultiHeadOptions& options) {
     return multihead_attention(X, X, w, options);

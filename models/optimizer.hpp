@@ -1,26 +1,27 @@
-// The optimizer on the tape's gradients: Adam (Kingma & Ba, 2015) with decoupled weight decay
-// (AdamW, Loshchilov & Hutter, 2019), a warm-up + cosine learning-rate schedule, and clipping of
-// all gradients by their global norm. Parameters live outside the tape as tensors; each step
-// reads their gradients and updates them in place. Every formula is PyTorch's (torch.optim.AdamW,
-// torch.nn.utils.clip_grad_norm_, 1.13), in the same order of operations, so a float64 PyTorch
-// run from the same parameters on the same batches follows the same trajectory.
-//
-// AdamW step t (t = 1, 2, ...), for each parameter θ with gradient g, lr the current rate, λ the
-// weight decay (0: plain Adam):
-//   θ ← θ·(1 − lr·λ)                       decoupled decay, only for parameters of rank ≥ 2 when
-//                                          DecayScope::matrices (nanoGPT's rule: weight matrices
-//                                          and embeddings decay; gains and biases do not)
-//   m ← β1·m + (1−β1)·g,   v ← β2·v + (1−β2)·g²
-//   θ ← θ − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)
-// The bias corrections undo m's and v's pull towards their zero start in the first steps.
-//
-// Precision (BasicAdam<T>, T = double or float; Adam is BasicAdam<double>): as PyTorch trains a
-// float32 model, the parameters, the gradients and the moments m and v are T, and every per-entry
-// operation above is done in T. The per-step scalars (lr, the bias corrections 1 − β^t and their
-// root, lr / (1 − β1^t), 1 − lr·λ, 1 − β) are computed in double, as PyTorch computes them in
-// Python floats, and rounded to T once where they meet the tensors (PyTorch's CPU kernels round a
-// Python scalar to the tensor's type). At T = double nothing is rounded, and the update is the
-// same sequence of operations as before the template, bit for bit.
+/// \file
+/// The optimizer on the tape's gradients: Adam (Kingma & Ba, 2015) with decoupled weight decay
+/// (AdamW, Loshchilov & Hutter, 2019), a warm-up + cosine learning-rate schedule, and clipping of
+/// all gradients by their global norm. Parameters live outside the tape as tensors; each step
+/// reads their gradients and updates them in place. Every formula is PyTorch's (torch.optim.AdamW,
+/// torch.nn.utils.clip_grad_norm_, 1.13), in the same order of operations, so a float64 PyTorch
+/// run from the same parameters on the same batches follows the same trajectory.
+///
+/// AdamW step t (t = 1, 2, ...), for each parameter θ with gradient g, lr the current rate, λ the
+/// weight decay (0: plain Adam):
+///   θ ← θ·(1 − lr·λ)                       decoupled decay, only for parameters of rank ≥ 2 when
+///                                          DecayScope::matrices (nanoGPT's rule: weight matrices
+///                                          and embeddings decay; gains and biases do not)
+///   m ← β1·m + (1−β1)·g,   v ← β2·v + (1−β2)·g²
+///   θ ← θ − (lr / (1 − β1^t)) · m / (√v / √(1 − β2^t) + ε)
+/// The bias corrections undo m's and v's pull towards their zero start in the first steps.
+///
+/// Precision (BasicAdam<T>, T = double or float; Adam is BasicAdam<double>): as PyTorch trains a
+/// float32 model, the parameters, the gradients and the moments m and v are T, and every per-entry
+/// operation above is done in T. The per-step scalars (lr, the bias corrections 1 − β^t and their
+/// root, lr / (1 − β1^t), 1 − lr·λ, 1 − β) are computed in double, as PyTorch computes them in
+/// Python floats, and rounded to T once where they meet the tensors (PyTorch's CPU kernels round a
+/// Python scalar to the tensor's type). At T = double nothing is rounded, and the update is the
+/// same sequence of operations as before the template, bit for bit.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -36,9 +37,9 @@
 
 namespace tapegrad {
 
-// Which parameters weight decay applies to.
+/// Which parameters weight decay applies to.
 enum class DecayScope {
-    matrices,  // rank >= 2 only (weights, embeddings), not gains and biases
+    matrices,  ///< rank >= 2 only (weights, embeddings), not gains and biases
     all,
 };
 
@@ -47,14 +48,14 @@ struct AdamSettings {
     double beta1 = 0.9;
     double beta2 = 0.999;
     double epsilon = 1e-8;
-    double weight_decay = 0.0;  // λ; > 0 makes this AdamW
+    double weight_decay = 0.0;  ///< λ; > 0 makes this AdamW
     DecayScope decay_scope = DecayScope::matrices;
 };
 
-// Adam's moments and step count, for saving and resuming a run exactly.
+/// Adam's moments and step count, for saving and resuming a run exactly.
 template <std::floating_point T>
 struct BasicAdamState {
-    std::vector<Tensor<T>> first, second;  // m and v, one per parameter, in the parameters' type
+    std::vector<Tensor<T>> first, second;  ///< m and v, one per parameter, in the parameters' type
     std::size_t steps = 0;
 };
 using AdamState = BasicAdamState<double>;
@@ -75,7 +76,7 @@ public:
         }
     }
 
-    // One update of every parameter from its gradient (same order and shapes on every call).
+    /// One update of every parameter from its gradient (same order and shapes on every call).
     void step(std::span<Tensor<T>* const> parameters, std::span<const Tensor<T>* const> gradients) {
         if (parameters.size() != gradients.size()) {
             throw usage_error(fmt::format("Adam::step: {} parameters but {} gradients", parameters.size(),
@@ -97,13 +98,13 @@ public:
 
     std::size_t steps() const { return state_.steps; }
     double learning_rate() const { return settings_.learning_rate; }
-    // For a schedule (decay): the rate used by the following steps.
+    /// For a schedule (decay): the rate used by the following steps.
     void set_learning_rate(double rate) {
         if (!(rate > 0)) throw value_error(fmt::format("Adam: learning rate {} must be positive", rate));
         settings_.learning_rate = rate;
     }
     const State& state() const { return state_; }
-    // Resumes from a saved state (the moments' shapes are checked against the parameters at the next step).
+    /// Resumes from a saved state (the moments' shapes are checked against the parameters at the next step).
     void restore(State state) {
         if (state.first.size() != state.second.size()) {
             throw usage_error(fmt::format("Adam::restore: {} first moments but {} second moments", state.first.size(),
@@ -144,16 +145,16 @@ private:
     State state_;
 };
 
-// The double optimizer every existing caller names; AdamW is Adam with AdamSettings::weight_decay
-// > 0 (decoupled: θ shrinks by lr·λ·θ each step).
+/// The double optimizer every existing caller names; AdamW is Adam with AdamSettings::weight_decay
+/// > 0 (decoupled: θ shrinks by lr·λ·θ each step).
 using Adam = BasicAdam<double>;
 using AdamW = Adam;
 
-// Linear warm-up, then cosine decay to a floor (nanoGPT's schedule). For step s = 0, 1, ...:
-//   s < W:           lr = peak · (s + 1) / W
-//   W <= s < S:      lr = floor + ½ (peak − floor) (1 + cos(π (s − W) / (S − W))),  floor = peak·floor_ratio
-//   s >= S:          lr = floor
-// with W = warmup_steps and S = total_steps.
+/// Linear warm-up, then cosine decay to a floor (nanoGPT's schedule). For step s = 0, 1, ...:
+///   s < W:           lr = peak · (s + 1) / W
+///   W <= s < S:      lr = floor + ½ (peak − floor) (1 + cos(π (s − W) / (S − W))),  floor = peak·floor_ratio
+///   s >= S:          lr = floor
+/// with W = warmup_steps and S = total_steps.
 struct WarmupCosine {
     double peak = 1e-3;
     std::size_t warmup_steps = 100;
@@ -170,13 +171,13 @@ struct WarmupCosine {
     }
 };
 
-// Scales all gradients together so that their global norm ‖g‖ (the 2-norm over every entry of
-// every tensor) is at most max_norm, as torch.nn.utils.clip_grad_norm_: ‖g‖ is the norm of the
-// per-tensor norms (PyTorch's order of summation), and with c = max_norm / (‖g‖ + 1e-6) every entry
-// is multiplied by c when c < 1. Returns ‖g‖ before clipping. The update keeps its direction; only
-// a step of exploding size is shortened. For float gradients the squares are summed in double (a
-// float sum over 10⁵ entries would lose digits the coefficient does not need to lose, and the norm
-// is a figure the user reads) and c, computed in double, is rounded to float where it is applied.
+/// Scales all gradients together so that their global norm ‖g‖ (the 2-norm over every entry of
+/// every tensor) is at most max_norm, as torch.nn.utils.clip_grad_norm_: ‖g‖ is the norm of the
+/// per-tensor norms (PyTorch's order of summation), and with c = max_norm / (‖g‖ + 1e-6) every entry
+/// is multiplied by c when c < 1. Returns ‖g‖ before clipping. The update keeps its direction; only
+/// a step of exploding size is shortened. For float gradients the squares are summed in double (a
+/// float sum over 10⁵ entries would lose digits the coefficient does not need to lose, and the norm
+/// is a figure the user reads) and c, computed in double, is rounded to float where it is applied.
 namespace detail {
 template <std::floating_point T>
 double clip_by_global_norm(std::span<Tensor<T>* const> gradients, double max_norm) {
@@ -199,7 +200,7 @@ double clip_by_global_norm(std::span<Tensor<T>* const> gradients, double max_nor
 }
 }  // namespace detail
 
-// Overloads rather than a template, so that a std::array or std::vector of pointers still converts.
+/// Overloads rather than a template, so that a std::array or std::vector of pointers still converts.
 inline double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm) {
     return detail::clip_by_global_norm<double>(gradients, max_norm);
 }

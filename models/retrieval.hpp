@@ -1,20 +1,21 @@
-// A small trainable causal model for the spec's retrieval step, made real.
-//
-// Task: a sequence of `pairs` (key, value) positions, then one query position. Each position
-// carries its key and its value together (the sum of a key embedding and a value embedding, plus a
-// learned position embedding); the query position carries a key and the "ask" token in place of
-// a value. The target is the value stored under the query's key earlier in the sequence. Keys in
-// a sequence are distinct, so the answer is unique; chance accuracy is 1/values.
-// Carrying key and value on one position is what lets ONE attention layer solve it: the last
-// query matches the earlier key (Q·Kᵀ) and reads that same position's value (A·V). With keys and
-// values on separate tokens, one layer cannot read "the token after the match".
-//
-// Model (every step an op with a hand-derived VJP; the loss is cross-entropy):
-//   X = E[key tokens] + E[value tokens] + P[positions]              [B, T, D]
-//   Y = multihead causal attention(X; W_Q, W_K, W_V, W_O)           [B, T, D]
-//   logits = Y[last position of each sequence]·W_U                   [B, values]
-//   J = cross_entropy(logits, targets)
-// Parameters live as tensors outside the tape and are updated by Adam (models/optimizer.hpp).
+/// \file
+/// A small trainable causal model for the spec's retrieval step, made real.
+///
+/// Task: a sequence of `pairs` (key, value) positions, then one query position. Each position
+/// carries its key and its value together (the sum of a key embedding and a value embedding, plus a
+/// learned position embedding); the query position carries a key and the "ask" token in place of
+/// a value. The target is the value stored under the query's key earlier in the sequence. Keys in
+/// a sequence are distinct, so the answer is unique; chance accuracy is 1/values.
+/// Carrying key and value on one position is what lets ONE attention layer solve it: the last
+/// query matches the earlier key (Q·Kᵀ) and reads that same position's value (A·V). With keys and
+/// values on separate tokens, one layer cannot read "the token after the match".
+///
+/// Model (every step an op with a hand-derived VJP; the loss is cross-entropy):
+///   X = E[key tokens] + E[value tokens] + P[positions]              [B, T, D]
+///   Y = multihead causal attention(X; W_Q, W_K, W_V, W_O)           [B, T, D]
+///   logits = Y[last position of each sequence]·W_U                   [B, values]
+///   J = cross_entropy(logits, targets)
+/// Parameters live as tensors outside the tape and are updated by Adam (models/optimizer.hpp).
 #pragma once
 
 #include "models/multihead.hpp"
@@ -38,37 +39,37 @@
 namespace tapegrad {
 
 struct RetrievalConfig {
-    std::size_t keys = 32;    // distinct keys
-    std::size_t values = 32;  // distinct values (the classes of the answer)
-    std::size_t pairs = 12;   // stored (key, value) positions before the query
-    std::size_t width = 32;   // model width D
+    std::size_t keys = 32;    ///< distinct keys
+    std::size_t values = 32;  ///< distinct values (the classes of the answer)
+    std::size_t pairs = 12;   ///< stored (key, value) positions before the query
+    std::size_t width = 32;   ///< model width D
     std::size_t heads = 4;
-    std::uint64_t seed = 1;   // parameter initialisation
-    AttentionKernel kernel = AttentionKernel::composed;  // or fused (ops/fused_attention.hpp)
+    std::uint64_t seed = 1;   ///< parameter initialisation
+    AttentionKernel kernel = AttentionKernel::composed;  ///< or fused (ops/fused_attention.hpp)
 
     std::size_t length() const { return pairs + 1; }
     std::size_t vocabulary() const { return keys + values + 1; }  // keys, values, the ask token
     std::size_t ask_token() const { return keys + values; }
 };
 
-// B sequences, sequence-major token lists for the embedding gathers.
+/// B sequences, sequence-major token lists for the embedding gathers.
 struct RetrievalBatch {
-    std::size_t size = 0;    // B
-    std::size_t length = 0;  // T
-    std::vector<std::size_t> key_tokens, value_tokens, positions;  // B·T each
-    std::vector<std::size_t> last_rows;  // row b·T + T − 1 of the flattened [B·T, D] output
-    std::vector<std::size_t> targets;    // B answers in [0, values)
+    std::size_t size = 0;    ///< B
+    std::size_t length = 0;  ///< T
+    std::vector<std::size_t> key_tokens, value_tokens, positions;  ///< B·T each
+    std::vector<std::size_t> last_rows;  ///< row b·T + T − 1 of the flattened [B·T, D] output
+    std::vector<std::size_t> targets;    ///< B answers in [0, values)
 };
 
-// An integer in [0, n) from the generator's raw output (portable across standard libraries,
-// unlike std::uniform_int_distribution, so a seed gives the same data everywhere: the PyTorch
-// cross-check and tapegrad-check draw with it too; the modulo bias of n ≤ 2^10 out of 2^64 is
-// negligible).
+/// An integer in [0, n) from the generator's raw output (portable across standard libraries,
+/// unlike std::uniform_int_distribution, so a seed gives the same data everywhere: the PyTorch
+/// cross-check and tapegrad-check draw with it too; the modulo bias of n ≤ 2^10 out of 2^64 is
+/// negligible).
 inline std::size_t draw_below(std::mt19937_64& generator, std::size_t n) {
     return static_cast<std::size_t>(generator() % n);
 }
 
-// Uniform in [−a, a), portable.
+/// Uniform in [−a, a), portable.
 inline double draw_uniform(std::mt19937_64& generator, double a) {
     return (static_cast<double>(generator() >> 11) * 0x1.0p-53 * 2.0 - 1.0) * a;
 }
@@ -111,7 +112,7 @@ inline RetrievalBatch make_retrieval_batch(const RetrievalConfig& config, std::s
     return batch;
 }
 
-// Sequences [begin, end) of `batch`: one worker's slice in data-parallel training.
+/// Sequences [begin, end) of `batch`: one worker's slice in data-parallel training.
 inline RetrievalBatch slice_of(const RetrievalBatch& batch, std::size_t begin, std::size_t end) {
     if (!(begin < end && end <= batch.size)) {
         throw value_error(fmt::format("slice_of: sequences [{}, {}) of a batch of {}", begin, end, batch.size));
@@ -127,12 +128,12 @@ inline RetrievalBatch slice_of(const RetrievalBatch& batch, std::size_t begin, s
     return slice;
 }
 
-// The parameters, as plain tensors (what the optimizer updates).
+/// The parameters, as plain tensors (what the optimizer updates).
 struct RetrievalParameters {
-    Tensor<double> E;    // token embeddings [vocabulary × D]
-    Tensor<double> P;    // position embeddings [T × D]
-    Tensor<double> W_Q, W_K, W_V, W_O;  // [D × D] each
-    Tensor<double> W_U;  // read-out [D × values]
+    Tensor<double> E;    ///< token embeddings [vocabulary × D]
+    Tensor<double> P;    ///< position embeddings [T × D]
+    Tensor<double> W_Q, W_K, W_V, W_O;  ///< [D × D] each
+    Tensor<double> W_U;  ///< read-out [D × values]
 
     static RetrievalParameters initial(const RetrievalConfig& config) {
         check_retrieval_config(config);
@@ -158,13 +159,13 @@ struct RetrievalParameters {
     std::array<Tensor<double>*, 7> all() { return {&E, &P, &W_Q, &W_K, &W_V, &W_O, &W_U}; }
 };
 
-// The parameters as leaves of one tape.
+/// The parameters as leaves of one tape.
 template <Scalar T>
 struct RetrievalVars {
     Var<T> E, P, W_Q, W_K, W_V, W_O, W_U;
 };
 
-// logits [B × values] for the last position of each sequence.
+/// logits [B × values] for the last position of each sequence.
 template <Scalar T>
 Var<T> retrieval_logits(const RetrievalVars<T>& p, const RetrievalBatch& batch, std::size_t heads,
                         AttentionKernel kernel = AttentionKernel::composed) {
@@ -188,7 +189,7 @@ Var<T> retrieval_loss(const RetrievalVars<T>& p, const RetrievalBatch& batch, st
     return cross_entropy(retrieval_logits(p, batch, heads, kernel), std::span<const std::size_t>(batch.targets));
 }
 
-// Fraction of rows whose largest logit is the target.
+/// Fraction of rows whose largest logit is the target.
 inline double accuracy_of(const Tensor<double>& logits, std::span<const std::size_t> targets) {
     const std::size_t classes = logits.cols();
     std::size_t right = 0;
@@ -199,23 +200,23 @@ inline double accuracy_of(const Tensor<double>& logits, std::span<const std::siz
     return static_cast<double>(right) / static_cast<double>(targets.size());
 }
 
-// Owns the parameters, the optimizer and one tape reused by every step.
+/// Owns the parameters, the optimizer and one tape reused by every step.
 class RetrievalTrainer {
 public:
     explicit RetrievalTrainer(const RetrievalConfig& config, AdamSettings settings = {})
         : config_(config), parameters_(RetrievalParameters::initial(config)), adam_(settings) {}
 
-    // One Adam step on `batch`; returns the loss before the step.
+    /// One Adam step on `batch`; returns the loss before the step.
     double step(const RetrievalBatch& batch) {
         return step(batch, 1.0, [](std::span<double>) {});
     }
 
-    // One data-parallel Adam step: `batch` is this worker's slice of the global batch and `share`
-    // its fraction of the global batch's sequences. The slice's mean loss and its gradients, times
-    // `share`, go into one buffer (every parameter's gradient, then the loss) that
-    // `sum_over_workers` sums in place over the workers (one all-reduce), which makes them the
-    // global batch's mean loss and gradients; every worker then takes the same Adam step.
-    // Returns the global loss before the step.
+    /// One data-parallel Adam step: `batch` is this worker's slice of the global batch and `share`
+    /// its fraction of the global batch's sequences. The slice's mean loss and its gradients, times
+    /// `share`, go into one buffer (every parameter's gradient, then the loss) that
+    /// `sum_over_workers` sums in place over the workers (one all-reduce), which makes them the
+    /// global batch's mean loss and gradients; every worker then takes the same Adam step.
+    /// Returns the global loss before the step.
     template <class SumOverWorkers>
     double step(const RetrievalBatch& batch, double share, SumOverWorkers&& sum_over_workers) {
         const RetrievalVars<double> vars = record_parameters();
@@ -240,7 +241,7 @@ public:
         return buffer_.back();
     }
 
-    // Loss and accuracy on `batch`, without updating anything.
+    /// Loss and accuracy on `batch`, without updating anything.
     std::pair<double, double> evaluate(const RetrievalBatch& batch) {
         const RetrievalVars<double> vars = record_parameters();
         const Var<double> logits = retrieval_logits(vars, batch, config_.heads, config_.kernel);
@@ -265,28 +266,28 @@ private:
     RetrievalParameters parameters_;
     Adam adam_;
     Tape<double> tape_;
-    std::vector<double> buffer_;             // weighted gradients and loss, summed over the workers
-    std::array<Tensor<double>, 7> summed_;  // the summed gradients, shaped like the parameters
+    std::vector<double> buffer_;             ///< weighted gradients and loss, summed over the workers
+    std::array<Tensor<double>, 7> summed_;  ///< the summed gradients, shaped like the parameters
 };
 
-// How a training run goes: its length, global batch and data, and the learning-rate schedule
-// (linear decay to a tenth of the peak: once the loss is near zero, a large Adam step, whose
-// m̂/√v̂ ≈ 1 whatever the gradient's size, would throw the model off the solution).
+/// How a training run goes: its length, global batch and data, and the learning-rate schedule
+/// (linear decay to a tenth of the peak: once the loss is near zero, a large Adam step, whose
+/// m̂/√v̂ ≈ 1 whatever the gradient's size, would throw the model off the solution).
 struct TrainingPlan {
     std::size_t steps = 1000;
-    std::size_t batch_size = 64;   // sequences per step, over all workers
+    std::size_t batch_size = 64;   ///< sequences per step, over all workers
     std::uint64_t data_seed = 2026;
 };
 
-// One worker of `workers`: which of them, and how many.
+/// One worker of `workers`: which of them, and how many.
 struct Worker {
     std::size_t rank = 0;
     std::size_t workers = 1;
 };
 
-// Trains for plan.steps steps; every worker draws the same global batch and takes its slice
-// (contiguous sequences, as even as can be). on_step(step, loss) sees each step's global loss.
-// Returns the losses.
+/// Trains for plan.steps steps; every worker draws the same global batch and takes its slice
+/// (contiguous sequences, as even as can be). on_step(step, loss) sees each step's global loss.
+/// Returns the losses.
 template <class SumOverWorkers, class OnStep>
 std::vector<double> train(RetrievalTrainer& trainer, const TrainingPlan& plan, const Worker& worker,
                           SumOverWorkers&& sum_over_workers, OnStep&& on_step) {

@@ -1,27 +1,28 @@
-// A decoder-only transformer (GPT-2's shape, as nanoGPT writes it) composed from ops; its gradient
-// is the tape's chain of the ops' VJPs (no VJP of its own), checked end to end at 50 digits
-// (tests/test_transformer.cpp).
-//   tokens t [B, T] (sequence-major), positions p = offset + 0 .. offset + T − 1
-//   X_0 = E[t] + P[p]                                         E [V × D] tokens, P [T_max × D] positions
-//   for each of the L blocks (pre-norm, residual):
-//     X ← X + multihead_attention(ln1(X))                     causal; W_Q, W_K, W_V, W_O [D × D], no biases
-//     X ← X + gelu(ln2(X)·W_1 + b_1)·W_2 + b_2                W_1 [D × 4D], b_1 [4D], W_2 [4D × D], b_2 [D]
-//   logits = ln_f(X)·Eᵀ                                       tied: E is the output projection too
-//   J = cross_entropy(logits, next tokens)                    mean over the B·T predictions
-// ln(x) = layer_norm(x; gain, bias) over D with ε inside the root (ops/layer_norm.hpp, ε = 1e-5);
-// gelu in the tanh form by default (ops/gelu.hpp). Multi-head attention scales by 1/√(D/H). E
-// feeds the embedding gather and the output matmul: the tape sums both branches (and the checker
-// attributes each). Dropout on the attention weights is off unless asked for (with an explicit
-// generator). The attention is the one multi-head composition (models/multihead.hpp), composed
-// or fused kernel.
-// Generation: a Memory holds, per block, the rows attention reads keys and values from (the
-// block's ln1 outputs so far); a call with a Memory attends over those rows plus its own, with
-// query_offset = the number already held, and appends its rows. K and V are these rows'
-// projections, recomputed by multihead_attention (2·D² per row per block, small next to a step;
-// one attention composition rather than a second one over cached K and V).
-// Initialisation (GPT-2): every matrix and both embeddings N(0, 0.02²), the residual outputs W_O
-// and W_2 N(0, (0.02/√(2L))²), gains 1, biases 0; drawn by a portable Box–Muller from mt19937_64
-// seeded by config.seed, in the order of parameter_names(), row-major within each tensor.
+/// \file
+/// A decoder-only transformer (GPT-2's shape, as nanoGPT writes it) composed from ops; its gradient
+/// is the tape's chain of the ops' VJPs (no VJP of its own), checked end to end at 50 digits
+/// (tests/test_transformer.cpp).
+///   tokens t [B, T] (sequence-major), positions p = offset + 0 .. offset + T − 1
+///   X_0 = E[t] + P[p]                                         E [V × D] tokens, P [T_max × D] positions
+///   for each of the L blocks (pre-norm, residual):
+///     X ← X + multihead_attention(ln1(X))                     causal; W_Q, W_K, W_V, W_O [D × D], no biases
+///     X ← X + gelu(ln2(X)·W_1 + b_1)·W_2 + b_2                W_1 [D × 4D], b_1 [4D], W_2 [4D × D], b_2 [D]
+///   logits = ln_f(X)·Eᵀ                                       tied: E is the output projection too
+///   J = cross_entropy(logits, next tokens)                    mean over the B·T predictions
+/// ln(x) = layer_norm(x; gain, bias) over D with ε inside the root (ops/layer_norm.hpp, ε = 1e-5);
+/// gelu in the tanh form by default (ops/gelu.hpp). Multi-head attention scales by 1/√(D/H). E
+/// feeds the embedding gather and the output matmul: the tape sums both branches (and the checker
+/// attributes each). Dropout on the attention weights is off unless asked for (with an explicit
+/// generator). The attention is the one multi-head composition (models/multihead.hpp), composed
+/// or fused kernel.
+/// Generation: a Memory holds, per block, the rows attention reads keys and values from (the
+/// block's ln1 outputs so far); a call with a Memory attends over those rows plus its own, with
+/// query_offset = the number already held, and appends its rows. K and V are these rows'
+/// projections, recomputed by multihead_attention (2·D² per row per block, small next to a step;
+/// one attention composition rather than a second one over cached K and V).
+/// Initialisation (GPT-2): every matrix and both embeddings N(0, 0.02²), the residual outputs W_O
+/// and W_2 N(0, (0.02/√(2L))²), gains 1, biases 0; drawn by a portable Box–Muller from mt19937_64
+/// seeded by config.seed, in the order of parameter_names(), row-major within each tensor.
 #pragma once
 
 #include "models/multihead.hpp"
@@ -49,18 +50,18 @@
 namespace tapegrad {
 
 struct TransformerConfig {
-    std::size_t vocabulary = 12;  // V
-    std::size_t context = 8;      // T_max: positions learned, longest sequence
-    std::size_t width = 16;       // D
-    std::size_t heads = 2;        // D must be a multiple
-    std::size_t layers = 2;       // L
-    std::size_t mlp_factor = 4;   // MLP width mlp_factor·D
+    std::size_t vocabulary = 12;  ///< V
+    std::size_t context = 8;      ///< T_max: positions learned, longest sequence
+    std::size_t width = 16;       ///< D
+    std::size_t heads = 2;        ///< D must be a multiple
+    std::size_t layers = 2;       ///< L
+    std::size_t mlp_factor = 4;   ///< MLP width mlp_factor·D
     GeluForm gelu = GeluForm::tanh;
-    LayerNormSettings layer_norm{};  // ε = 1e-5
+    LayerNormSettings layer_norm{};  ///< ε = 1e-5
     AttentionKernel kernel = AttentionKernel::composed;
-    std::uint64_t seed = 1;       // initialisation
+    std::uint64_t seed = 1;       ///< initialisation
 
-    // E, P, 12 per block, the final gain and bias.
+    /// E, P, 12 per block, the final gain and bias.
     std::size_t parameter_count() const { return 4 + 12 * layers; }
 };
 
@@ -74,7 +75,7 @@ inline void check_transformer_config(const TransformerConfig& c) {
     }
 }
 
-// Names in the one parameter order (files, the checker's leaves, the optimizer's state).
+/// Names in the one parameter order (files, the checker's leaves, the optimizer's state).
 inline std::vector<std::string> parameter_names(const TransformerConfig& c) {
     std::vector<std::string> names = {"E", "P"};
     for (std::size_t l = 0; l < c.layers; ++l) {
@@ -88,7 +89,7 @@ inline std::vector<std::string> parameter_names(const TransformerConfig& c) {
     return names;
 }
 
-// Shapes in the same order.
+/// Shapes in the same order.
 inline std::vector<Shape> parameter_shapes(const TransformerConfig& c) {
     const std::size_t D = c.width, M = c.mlp_factor * c.width;
     std::vector<Shape> shapes = {Shape{c.vocabulary, D}, Shape{c.context, D}};
@@ -105,7 +106,7 @@ inline std::vector<Shape> parameter_shapes(const TransformerConfig& c) {
 
 namespace detail {
 
-// N(0, 1) by Box–Muller from two 53-bit uniforms: the same numbers from any standard library.
+/// N(0, 1) by Box–Muller from two 53-bit uniforms: the same numbers from any standard library.
 inline double draw_standard_normal(std::mt19937_64& generator) {
     const double u1 = (static_cast<double>(generator() >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
     const double u2 = static_cast<double>(generator() >> 11) * 0x1.0p-53;          // [0, 1)
@@ -114,7 +115,7 @@ inline double draw_standard_normal(std::mt19937_64& generator) {
 
 enum class InitialValue { one, zero, normal };
 
-// What a parameter starts as, from its name (see the header comment).
+/// What a parameter starts as, from its name (see the header comment).
 inline InitialValue initial_value(const std::string& name) {
     if (name.ends_with("gain")) return InitialValue::one;
     if (name.ends_with("bias") || name.ends_with("b_1") || name.ends_with("b_2")) return InitialValue::zero;
@@ -123,7 +124,7 @@ inline InitialValue initial_value(const std::string& name) {
 
 }  // namespace detail
 
-// GPT-2's initialisation, seeded by config.seed.
+/// GPT-2's initialisation, seeded by config.seed.
 inline std::vector<Tensor<double>> initial_parameters(const TransformerConfig& c) {
     check_transformer_config(c);
     std::mt19937_64 generator(c.seed);
@@ -151,7 +152,7 @@ struct BlockVars {
     Var<T> ln2_gain, ln2_bias, W_1, b_1, W_2, b_2;
 };
 
-// The parameters as leaves of one tape, named, in parameter_names() order.
+/// The parameters as leaves of one tape, named, in parameter_names() order.
 template <Scalar T>
 struct TransformerVars {
     Var<T> E, P;
@@ -171,7 +172,7 @@ struct TransformerVars {
         return v;
     }
 
-    // The leaves back in parameter_names() order (the inverse of `from`).
+    /// The leaves back in parameter_names() order (the inverse of `from`).
     std::vector<Var<T>> all() const {
         std::vector<Var<T>> leaves = {E, P};
         for (const BlockVars<T>& b : blocks) {
@@ -183,7 +184,7 @@ struct TransformerVars {
         return leaves;
     }
 
-    // Records `values` as leaves of `tape` (named as parameter_names()).
+    /// Records `values` as leaves of `tape` (named as parameter_names()).
     static TransformerVars record(Tape<T>& tape, std::span<const Tensor<double>> values, const TransformerConfig& c) {
         const std::vector<std::string> names = parameter_names(c);
         std::vector<Var<T>> leaves;
@@ -194,15 +195,15 @@ struct TransformerVars {
     }
 };
 
-// Per block, the rows its attention has read so far ([B, t, D]), for generation.
+/// Per block, the rows its attention has read so far ([B, t, D]), for generation.
 template <Scalar T>
 struct TransformerMemory {
-    std::vector<Tensor<T>> rows;  // one per block; empty before the first call
-    std::size_t length = 0;       // t, the positions held
+    std::vector<Tensor<T>> rows;  ///< one per block; empty before the first call
+    std::size_t length = 0;       ///< t, the positions held
 };
 
-// How one pass runs: attention-weight dropout (off unless given), and the memory to extend
-// (nullptr: a full pass over the tokens, positions from 0).
+/// How one pass runs: attention-weight dropout (off unless given), and the memory to extend
+/// (nullptr: a full pass over the tokens, positions from 0).
 template <Scalar T>
 struct TransformerRun {
     std::optional<DropoutSettings> dropout{};
@@ -221,7 +222,7 @@ Var<T> transformer_input(const TransformerVars<T>& p, std::span<const std::size_
     return add(token_rows, embedding(p.P, std::span<const std::size_t>(positions), batch)).named("X_0");
 }
 
-// The rows attention reads: this call's own, after those in the memory (which then holds both).
+/// The rows attention reads: this call's own, after those in the memory (which then holds both).
 template <Scalar T>
 Var<T> attention_memory(const Var<T>& own, std::size_t block, TransformerMemory<T>* memory) {
     if (memory == nullptr) return own;
@@ -264,8 +265,8 @@ inline void check_tokens(const TransformerConfig& c, std::span<const std::size_t
 
 }  // namespace detail
 
-// logits [B, T, V] for `tokens` (B sequences of T, sequence-major), each row predicting the token
-// after its position. With run.memory, the tokens continue the sequences held there.
+/// logits [B, T, V] for `tokens` (B sequences of T, sequence-major), each row predicting the token
+/// after its position. With run.memory, the tokens continue the sequences held there.
 template <Scalar T>
 Var<T> transformer_logits(const TransformerVars<T>& p, const TransformerConfig& c, std::span<const std::size_t> tokens,
                           std::size_t batch, const TransformerRun<T>& run = {}) {
@@ -278,7 +279,7 @@ Var<T> transformer_logits(const TransformerVars<T>& p, const TransformerConfig& 
     return matmul(final_rows, transpose(p.E)).named("logits");
 }
 
-// Mean next-token cross-entropy: targets[k] is the token after tokens[k].
+/// Mean next-token cross-entropy: targets[k] is the token after tokens[k].
 template <Scalar T>
 Var<T> transformer_loss(const TransformerVars<T>& p, const TransformerConfig& c, std::span<const std::size_t> tokens,
                         std::span<const std::size_t> targets, std::size_t batch, const TransformerRun<T>& run = {}) {

@@ -1,10 +1,11 @@
-// abs: the absolute value, elementwise, Y = |A| (L1 penalties, magnitudes).
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ sign(A), since d|a|/da = +1 for a > 0 and −1 for a < 0.
-// At a = 0 there is a kink: |a| has no derivative there, and the VJP gives 0 (sign(0) = 0, the
-// middle of the subgradients [−1, 1], as PyTorch and JAX do; it is also what the central difference
-// (|h| − |−h|) / 2h gives). The gradient checker reports a coordinate at 0 as a kink, not as
-// a verified derivative; check this op on inputs away from 0.
+/// \file
+/// abs: the absolute value, elementwise, Y = |A| (L1 penalties, magnitudes).
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ sign(A), since d|a|/da = +1 for a > 0 and −1 for a < 0.
+/// At a = 0 there is a kink: |a| has no derivative there, and the VJP gives 0 (sign(0) = 0, the
+/// middle of the subgradients [−1, 1], as PyTorch and JAX do; it is also what the central difference
+/// (|h| − |−h|) / 2h gives). The gradient checker reports a coordinate at 0 as a kink, not as
+/// a verified derivative; check this op on inputs away from 0.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -33,7 +34,7 @@ struct Abs {
         }
     }
 
-    // The branch element k took: A below, at or above 0 (autodiff/op.hpp).
+    /// The branch element k took: A below, at or above 0 (autodiff/op.hpp).
     template <Scalar T>
     static std::uint32_t branch(const Settings&, Inputs<T> in, std::size_t k) {
         return sign_class((*in[0])[k]);

@@ -1,9 +1,10 @@
-// add: elementwise sum with NumPy broadcasting, C = A + B (token + position embeddings; a bias
-// row [1, n] added to every row of a matrix [m, n]).
-//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
-// VJP: dA = G summed over the axes along which A was stretched, likewise dB.
-//   Each C_k = A_ia + B_ib depends on one element of each input with slope 1, so
-//   ∂J/∂A_i = Σ_{k → i} G_k: G itself when A has C's shape, summed over the copies otherwise.
+/// \file
+/// add: elementwise sum with NumPy broadcasting, C = A + B (token + position embeddings; a bias
+/// row [1, n] added to every row of a matrix [m, n]).
+///   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+/// VJP: dA = G summed over the axes along which A was stretched, likewise dB.
+///   Each C_k = A_ia + B_ib depends on one element of each input with slope 1, so
+///   ∂J/∂A_i = Σ_{k → i} G_k: G itself when A has C's shape, summed over the copies otherwise.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,11 +1,12 @@
-// add_bias: adds a bias vector to every row, Y = X + b (the affine layers' "+ b").
-//   X [..., D], b [D] -> Y [..., D],  Y_{..., j} = X_{..., j} + b_j
-// Not an op of its own: this is add (ops/add.hpp) under a name that says what it is for, with a
-// stricter argument check. add's NumPy broadcasting already stretches a [D] operand over the rows,
-// and its VJP already sums G over the stretched rows: dX = G, db_j = Σ_rows G_{..., j}. A second
-// op with the same forward and VJP would be duplicated code; the tape records one `add` node.
-// What add_bias adds is the check: b must be exactly [D], so a [1 × D] or [D × 1] bias (which add
-// would broadcast into something else) is refused with the op's name and both shapes.
+/// \file
+/// add_bias: adds a bias vector to every row, Y = X + b (the affine layers' "+ b").
+///   X [..., D], b [D] -> Y [..., D],  Y_{..., j} = X_{..., j} + b_j
+/// Not an op of its own: this is add (ops/add.hpp) under a name that says what it is for, with a
+/// stricter argument check. add's NumPy broadcasting already stretches a [D] operand over the rows,
+/// and its VJP already sums G over the stretched rows: dX = G, db_j = Σ_rows G_{..., j}. A second
+/// op with the same forward and VJP would be duplicated code; the tape records one `add` node.
+/// What add_bias adds is the check: b must be exactly [D], so a [1 × D] or [D × 1] bias (which add
+/// would broadcast into something else) is refused with the op's name and both shapes.
 #pragma once
 
 #include "autodiff/instances.hpp"

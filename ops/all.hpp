@@ -1,7 +1,8 @@
-// Every op header: the one list of them. tapegrad.hpp includes it for users; `src/instances/<type>.cpp`
-// include it with TAPEGRAD_INSTANTIATE_FOR defined, so each header's instance list
-// (autodiff/instances.hpp) compiles its entry points for that type. (operators.hpp forwards to
-// add, sub, mul, div, neg, shift and scale, and has no instances of its own.)
+/// \file
+/// Every op header: the one list of them. tapegrad.hpp includes it for users; `src/instances/<type>.cpp`
+/// include it with TAPEGRAD_INSTANTIATE_FOR defined, so each header's instance list
+/// (autodiff/instances.hpp) compiles its entry points for that type. (operators.hpp forwards to
+/// add, sub, mul, div, neg, shift and scale, and has no instances of its own.)
 #pragma once
 
 #include "ops/abs.hpp"

@@ -1,18 +1,19 @@
-// NumPy broadcasting for the elementwise binary ops (add, sub, mul, div): which shapes combine,
-// which input element feeds each output element, and how an upstream gradient goes back to an
-// input that was stretched.
-//
-// Shapes are aligned from the last dimension. On each aligned axis the two dimensions must be
-// equal, or one of them 1 (that operand is stretched along the axis); an axis an operand lacks
-// (a missing leading dimension) counts as 1. The result has the larger rank (≤ 4, as Tensor):
-//   [2x3] with [1x3] -> [2x3];  [3x1] with [1x4] -> [3x4];  [] with [2x2x2x2] -> [2x2x2x2];
-//   [4] with [2x3x4] -> [2x3x4];  [2x3] with [3x4]: shape_error.
-// Index mapping: output element k at multi-index (i0, i1, i2, i3) reads operand element
-// (i0·s0 + i1·s1 + i2·s2 + i3·s3) where s are the operand's row-major strides with 0 on every
-// stretched or missing axis (so the index there is ignored).
-// Gradient reduction: an input element x_i feeds every output element k that maps to i, so
-//   dJ/dx_i = Σ_{k → i} G_k · ∂Y_k/∂x_i,
-// the elementwise VJP summed over the stretched dimensions (for add, dA = G summed to A's shape).
+/// \file
+/// NumPy broadcasting for the elementwise binary ops (add, sub, mul, div): which shapes combine,
+/// which input element feeds each output element, and how an upstream gradient goes back to an
+/// input that was stretched.
+///
+/// Shapes are aligned from the last dimension. On each aligned axis the two dimensions must be
+/// equal, or one of them 1 (that operand is stretched along the axis); an axis an operand lacks
+/// (a missing leading dimension) counts as 1. The result has the larger rank (≤ 4, as Tensor):
+///   [2x3] with [1x3] -> [2x3];  [3x1] with [1x4] -> [3x4];  [] with [2x2x2x2] -> [2x2x2x2];
+///   [4] with [2x3x4] -> [2x3x4];  [2x3] with [3x4]: shape_error.
+/// Index mapping: output element k at multi-index (i0, i1, i2, i3) reads operand element
+/// (i0·s0 + i1·s1 + i2·s2 + i3·s3) where s are the operand's row-major strides with 0 on every
+/// stretched or missing axis (so the index there is ignored).
+/// Gradient reduction: an input element x_i feeds every output element k that maps to i, so
+///   dJ/dx_i = Σ_{k → i} G_k · ∂Y_k/∂x_i,
+/// the elementwise VJP summed over the stretched dimensions (for add, dA = G summed to A's shape).
 #pragma once
 
 #include "ops/checks.hpp"
@@ -29,8 +30,8 @@
 
 namespace tapegrad {
 
-// a == b, compared dimension by dimension inline: the same-shape test on every call of an
-// elementwise op, where Shape's operator== (a call to memcmp) was a measurable part of an op's cost.
+/// a == b, compared dimension by dimension inline: the same-shape test on every call of an
+/// elementwise op, where Shape's operator== (a call to memcmp) was a measurable part of an op's cost.
 inline bool same_dims(const Shape& a, const Shape& b) {
     if (a.rank() != b.rank()) return false;
     for (std::size_t axis = 0; axis < a.rank(); ++axis) {
@@ -39,7 +40,7 @@ inline bool same_dims(const Shape& a, const Shape& b) {
     return true;
 }
 
-// The broadcast shape of a and b, or nothing when they do not broadcast.
+/// The broadcast shape of a and b, or nothing when they do not broadcast.
 inline std::optional<Shape> try_broadcast_shape(const Shape& a, const Shape& b) {
     const std::size_t rank = std::max(a.rank(), b.rank());
     std::array<std::size_t, max_rank> dims{};
@@ -52,8 +53,8 @@ inline std::optional<Shape> try_broadcast_shape(const Shape& a, const Shape& b) 
     return Shape(std::span<const std::size_t>(dims.data(), rank));
 }
 
-// The broadcast shape of a and b; shape_error naming `op`, both shapes and the first axis (from
-// the last) whose dimensions clash.
+/// The broadcast shape of a and b; shape_error naming `op`, both shapes and the first axis (from
+/// the last) whose dimensions clash.
 inline Shape broadcast_shape(std::string_view op, const Shape& a, const Shape& b) {
     if (const std::optional<Shape> shape = try_broadcast_shape(a, b)) return *shape;
     std::size_t axis = 0;
@@ -67,7 +68,7 @@ inline Shape broadcast_shape(std::string_view op, const Shape& a, const Shape& b
         op, a.to_string(), b.to_string(), a[a.rank() - 1 - axis], b[b.rank() - 1 - axis]));
 }
 
-// The public functions' check for two operands: both non-empty, shapes broadcast.
+/// The public functions' check for two operands: both non-empty, shapes broadcast.
 template <Scalar T>
 void broadcastable(std::string_view op, const Var<T>& a, const Var<T>& b) {
     checks::non_empty(op, "the first argument", a);
@@ -76,8 +77,8 @@ void broadcastable(std::string_view op, const Var<T>& a, const Var<T>& b) {
     (void)broadcast_shape(op, a.shape(), b.shape());
 }
 
-// How the elements of two operands line up with the elements of their broadcast result `out`
-// (the operands' shapes must broadcast to `out`).
+/// How the elements of two operands line up with the elements of their broadcast result `out`
+/// (the operands' shapes must broadcast to `out`).
 class BroadcastLayout {
 public:
     BroadcastLayout(const Shape& out, const Shape& a, const Shape& b) {
@@ -87,7 +88,7 @@ public:
         strides_[1] = strides_of(b);
     }
 
-    // The flat index of the element of operand `which` (0 = a, 1 = b) that output element k reads.
+    /// The flat index of the element of operand `which` (0 = a, 1 = b) that output element k reads.
     std::size_t source(std::size_t which, std::size_t k) const {
         std::size_t flat = 0;
         for (std::size_t axis = max_rank; axis-- > 0;) {
@@ -97,8 +98,8 @@ public:
         return flat;
     }
 
-    // Calls f(k, ia, ib) for every output element k in increasing order, with the flat indices of
-    // the elements of a and b it reads. The operand offsets advance by strides, not by division.
+    /// Calls f(k, ia, ib) for every output element k in increasing order, with the flat indices of
+    /// the elements of a and b it reads. The operand offsets advance by strides, not by division.
     template <class F>
     void for_each(F&& f) const {
         const auto& [sa, sb] = strides_;
@@ -117,8 +118,8 @@ public:
 private:
     using Strides = std::array<std::size_t, max_rank>;
 
-    // Row-major strides of `operand` aligned to the padded result axes; 0 where it is stretched
-    // (dimension 1 against a larger one) or has no axis.
+    /// Row-major strides of `operand` aligned to the padded result axes; 0 where it is stretched
+    /// (dimension 1 against a larger one) or has no axis.
     Strides strides_of(const Shape& operand) const {
         Strides strides{};
         const std::size_t pad = max_rank - operand.rank();
@@ -139,7 +140,7 @@ private:
 // shape: no index arithmetic, small enough to inline into the op) and call a separate function for
 // stretched operands, which walks a BroadcastLayout.
 
-// Y_k = f(A_ia, B_ib), for operands of different shapes.
+/// Y_k = f(A_ia, B_ib), for operands of different shapes.
 template <Scalar T, class F>
 void broadcast_apply_stretched(const Tensor<T>& a, const Tensor<T>& b, Tensor<T>& out, F f) {
     out.resize(*try_broadcast_shape(a.shape(), b.shape()));
@@ -148,7 +149,7 @@ void broadcast_apply_stretched(const Tensor<T>& a, const Tensor<T>& b, Tensor<T>
     });
 }
 
-// Y_k = f(A_ia, B_ib) over the broadcast shape of a and b.
+/// Y_k = f(A_ia, B_ib) over the broadcast shape of a and b.
 template <Scalar T, class F>
 void broadcast_apply(const Tensor<T>& a, const Tensor<T>& b, Tensor<T>& out, F f) {
     if (!same_dims(a.shape(), b.shape())) return broadcast_apply_stretched(a, b, out, f);
@@ -156,7 +157,7 @@ void broadcast_apply(const Tensor<T>& a, const Tensor<T>& b, Tensor<T>& out, F f
     for (std::size_t k = 0; k < a.size(); ++k) out[k] = f(a[k], b[k]);
 }
 
-// broadcast_vjp for operands of different shapes: zero, then add each output element's share.
+/// broadcast_vjp for operands of different shapes: zero, then add each output element's share.
 template <Scalar T, class Partial>
 void broadcast_vjp_stretched(const VjpArgs<T>& at, std::size_t which, Tensor<T>& din, Partial partial) {
     const Tensor<T>& a = *at.in[0];
@@ -167,9 +168,9 @@ void broadcast_vjp_stretched(const VjpArgs<T>& at, std::size_t which, Tensor<T>&
     });
 }
 
-// The VJP of input `which` of Y = f(A, B): din_i = Σ_{k → i} partial(G_k, A_ia, B_ib), where
-// partial(g, a, b) = g·∂f/∂(input which) at (a, b): the elementwise VJP, summed over the axes
-// along which that input was stretched.
+/// The VJP of input `which` of Y = f(A, B): din_i = Σ_{k → i} partial(G_k, A_ia, B_ib), where
+/// partial(g, a, b) = g·∂f/∂(input which) at (a, b): the elementwise VJP, summed over the axes
+/// along which that input was stretched.
 template <Scalar T, class Partial>
 void broadcast_vjp(const VjpArgs<T>& at, std::size_t which, Tensor<T>& din, Partial partial) {
     const Tensor<T>& a = *at.in[0];
@@ -178,7 +179,7 @@ void broadcast_vjp(const VjpArgs<T>& at, std::size_t which, Tensor<T>& din, Part
     for (std::size_t k = 0; k < at.G.size(); ++k) din[k] = partial(at.G[k], a[k], b[k]);
 }
 
-// sum_to_shape for a din stretched along some axes of G.
+/// sum_to_shape for a din stretched along some axes of G.
 template <Scalar T>
 void sum_to_shape_stretched(const Tensor<T>& G, Tensor<T>& din) {
     din.fill(T(0));
@@ -187,8 +188,8 @@ void sum_to_shape_stretched(const Tensor<T>& G, Tensor<T>& din) {
     });
 }
 
-// G (the output's shape) summed over every axis along which `din`'s shape was stretched, into
-// din: the VJP of an input that enters the output with slope 1 (add's dA, dB).
+/// G (the output's shape) summed over every axis along which `din`'s shape was stretched, into
+/// din: the VJP of an input that enters the output with slope 1 (add's dA, dB).
 template <Scalar T>
 void sum_to_shape(const Tensor<T>& G, Tensor<T>& din) {
     if (!same_dims(G.shape(), din.shape())) return sum_to_shape_stretched(G, din);

@@ -1,7 +1,8 @@
-// Argument checks shared by the ops' public functions (and by the models built on them). Each raises
-// shape_error (value_error for a constant that is not finite) with a message that names the op, the
-// argument and its shape, so a user sees "matmul: inner dimensions differ: A is [2x3], B is [4x2]"
-// rather than a crash or an out-of-bounds read.
+/// \file
+/// Argument checks shared by the ops' public functions (and by the models built on them). Each raises
+/// shape_error (value_error for a constant that is not finite) with a message that names the op, the
+/// argument and its shape, so a user sees "matmul: inner dimensions differ: A is [2x3], B is [4x2]"
+/// rather than a crash or an out-of-bounds read.
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -13,13 +14,13 @@
 
 namespace tapegrad::checks {
 
-// The checks run on every op recorded: each test stays small enough to inline, and its message
-// is built out of line.
+/// The checks run on every op recorded: each test stays small enough to inline, and its message
+/// is built out of line.
 [[noreturn]] inline void throw_empty(std::string_view op, std::string_view argument, const Shape& shape) {
     throw shape_error(fmt::format("{}: {} is empty (shape {})", op, argument, shape.to_string()));
 }
 
-// Non-empty, rank 2 or more (a matrix or a batch of matrices).
+/// Non-empty, rank 2 or more (a matrix or a batch of matrices).
 template <Scalar T>
 void matrix(std::string_view op, std::string_view argument, const Var<T>& x) {
     const Shape& shape = x.shape();
@@ -30,8 +31,8 @@ void matrix(std::string_view op, std::string_view argument, const Var<T>& x) {
     if (shape.size() == 0) [[unlikely]] throw_empty(op, argument, shape);
 }
 
-// A constant an op holds (scale's factor, shift's constant, pow's exponent, an operator's
-// constant), refused with value_error when it is not finite; returned for use in place.
+/// A constant an op holds (scale's factor, shift's constant, pow's exponent, an operator's
+/// constant), refused with value_error when it is not finite; returned for use in place.
 template <Scalar T>
 const T& finite(std::string_view op, std::string_view what, const T& c) {
     if (!is_finite(c)) [[unlikely]] {
@@ -54,9 +55,9 @@ void same_shape(std::string_view op, const Var<T>& a, const Var<T>& b) {
     }
 }
 
-// Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r]: matrices with the same leading dimensions, one
-// width d for queries and keys, one value row per key. Used by fused_attention and by every
-// attention composition in models/, so both refuse the same inputs with the same words.
+/// Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r]: matrices with the same leading dimensions, one
+/// width d for queries and keys, one value row per key. Used by fused_attention and by every
+/// attention composition in models/, so both refuse the same inputs with the same words.
 template <Scalar T>
 void attention_inputs(std::string_view op, const Var<T>& Q, const Var<T>& K, const Var<T>& V) {
     matrix(op, "Q", Q);
@@ -78,8 +79,8 @@ void attention_inputs(std::string_view op, const Var<T>& Q, const Var<T>& K, con
     }
 }
 
-// value_error when `x` holds an exact 0, naming `op`, the argument, the index and the shape (div
-// and reciprocal share it, so both refuse a zero divisor with the same words).
+/// value_error when `x` holds an exact 0, naming `op`, the argument, the index and the shape (div
+/// and reciprocal share it, so both refuse a zero divisor with the same words).
 template <Scalar T>
 void no_zero_divisor(std::string_view op, std::string_view argument, const Var<T>& x) {
     const Tensor<T>& values = x.value();

@@ -1,14 +1,15 @@
-// clamp: limits every element to [lo, hi], elementwise, Y = min(max(A, lo), hi) (bounded
-// activations, keeping probabilities or log-variances in a safe range). lo and hi are constants
-// held in the tape's own precision; either may be infinite (a one-sided clamp).
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ [lo ≤ A ≤ hi]: Y = A inside the interval (derivative 1) and Y is a constant bound
-// outside it (derivative 0).
-// At exactly a = lo or a = hi there is a kink (the one-sided derivatives are 1 and 0). The VJP
-// passes the gradient there (1 on the bound, the closed interval, as PyTorch does), so a value
-// clamped to itself still learns; the central difference there gives 1/2, and the gradient checker
-// reports such coordinates as kinks rather than verified derivatives: check this op on inputs away
-// from its bounds. lo > hi, or a NaN bound, raises value_error.
+/// \file
+/// clamp: limits every element to [lo, hi], elementwise, Y = min(max(A, lo), hi) (bounded
+/// activations, keeping probabilities or log-variances in a safe range). lo and hi are constants
+/// held in the tape's own precision; either may be infinite (a one-sided clamp).
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ [lo ≤ A ≤ hi]: Y = A inside the interval (derivative 1) and Y is a constant bound
+/// outside it (derivative 0).
+/// At exactly a = lo or a = hi there is a kink (the one-sided derivatives are 1 and 0). The VJP
+/// passes the gradient there (1 on the bound, the closed interval, as PyTorch does), so a value
+/// clamped to itself still learns; the central difference there gives 1/2, and the gradient checker
+/// reports such coordinates as kinks rather than verified derivatives: check this op on inputs away
+/// from its bounds. lo > hi, or a NaN bound, raises value_error.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -22,13 +23,13 @@ namespace tapegrad {
 struct Clamp {
     static constexpr std::string_view name = "clamp";
 
-    // The bounds in the tape's own precision.
+    /// The bounds in the tape's own precision.
     template <Scalar T>
     struct Settings {
         T lo, hi;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded values, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded values, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.lo), U(s.hi)};
@@ -47,7 +48,7 @@ struct Clamp {
         for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = s.lo <= A[k] && A[k] <= s.hi ? at.G[k] : T(0);
     }
 
-    // The branch element k took (autodiff/op.hpp): below lo, at lo, between, at hi, above hi.
+    /// The branch element k took (autodiff/op.hpp): below lo, at lo, between, at hi, above hi.
     template <Scalar T>
     static std::uint32_t branch(const Settings<T>& s, Inputs<T> in, std::size_t k) {
         const T& a = (*in[0])[k];
@@ -55,7 +56,7 @@ struct Clamp {
     }
 };
 
-// The bounds are not deduced, so clamp(X, -1, 1) works on any tape.
+/// The bounds are not deduced, so clamp(X, -1, 1) works on any tape.
 template <Scalar T>
 Var<T> clamp(const Var<T>& A, const std::type_identity_t<T>& lo, const std::type_identity_t<T>& hi) {
     checks::non_empty(Clamp::name, "A", A);

@@ -1,20 +1,21 @@
-// concat: joins tensors along one axis (a key-value cache grown by each new block of time steps,
-// heads' outputs side by side).
-//   X_0 [..., n_0, ...], ..., X_{m-1} [..., n_{m-1}, ...] -> Y [..., n_0 + ... + n_{m-1}, ...]
-//   Y[..., o_i + p, ...] = X_i[..., p, ...]   for 0 <= p < n_i,  where o_i = n_0 + ... + n_{i-1}
-// Every input has the same rank and the same dimensions except on `axis` (Settings{axis}); axis
-// may count from the back (−1 is the last axis).
-// VJP, for each input X_i: its slice of G,
-//   dX_i[..., p, ...] = G[..., o_i + p, ...]
-// because each Y coordinate is exactly one coordinate of one input: ∂Y[.., o_i + p, ..]/∂X_i[.., q, ..]
-// = δ_pq (same other indices), and no Y coordinate outside [o_i, o_i + n_i) depends on X_i.
-//
-// More inputs than a node may have: a tape node has at most `max_arity` (4) inputs, so concat of
-// more tensors records a tree of concat nodes of at most 4 inputs each (groups of 4 consecutive
-// inputs, then the groups' results, and so on; a group of one passes through unchanged). Concat is
-// associative along one axis, so the tree gives the same Y, and the chain rule through the tree
-// gives each input the same slice of G. So 5 inputs record 2 nodes (X_0..X_3 joined, then that and
-// X_4), 9 inputs 3 nodes, 17 inputs 6.
+/// \file
+/// concat: joins tensors along one axis (a key-value cache grown by each new block of time steps,
+/// heads' outputs side by side).
+///   X_0 [..., n_0, ...], ..., X_{m-1} [..., n_{m-1}, ...] -> Y [..., n_0 + ... + n_{m-1}, ...]
+///   Y[..., o_i + p, ...] = X_i[..., p, ...]   for 0 <= p < n_i,  where o_i = n_0 + ... + n_{i-1}
+/// Every input has the same rank and the same dimensions except on `axis` (Settings{axis}); axis
+/// may count from the back (−1 is the last axis).
+/// VJP, for each input X_i: its slice of G,
+///   dX_i[..., p, ...] = G[..., o_i + p, ...]
+/// because each Y coordinate is exactly one coordinate of one input: ∂Y[.., o_i + p, ..]/∂X_i[.., q, ..]
+/// = δ_pq (same other indices), and no Y coordinate outside [o_i, o_i + n_i) depends on X_i.
+///
+/// More inputs than a node may have: a tape node has at most `max_arity` (4) inputs, so concat of
+/// more tensors records a tree of concat nodes of at most 4 inputs each (groups of 4 consecutive
+/// inputs, then the groups' results, and so on; a group of one passes through unchanged). Concat is
+/// associative along one axis, so the tree gives the same Y, and the chain rule through the tree
+/// gives each input the same slice of G. So 5 inputs record 2 nodes (X_0..X_3 joined, then that and
+/// X_4), 9 inputs 3 nodes, 17 inputs 6.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -37,7 +38,7 @@ namespace tapegrad {
 struct Concat {
     static constexpr std::string_view name = "concat";
 
-    // The axis, already counted from the front. The inputs' extents along it are their shapes.
+    /// The axis, already counted from the front. The inputs' extents along it are their shapes.
     struct Settings {
         std::size_t axis;
     };
@@ -68,7 +69,7 @@ struct Concat {
                           axes::around(dX.shape(), s.axis), 0, dX.shape()[s.axis]);
     }
 
-    // The axis counted from the front, after checking that the inputs can be joined along it.
+    /// The axis counted from the front, after checking that the inputs can be joined along it.
     template <Scalar T>
     static std::size_t checked_axis(std::span<const Var<T>> parts, std::ptrdiff_t axis) {
         if (parts.empty()) throw usage_error("concat: no tensors to join (the list of inputs is empty)");
@@ -94,7 +95,7 @@ struct Concat {
         return a;
     }
 
-    // One node joining 1 to max_arity inputs.
+    /// One node joining 1 to max_arity inputs.
     template <Scalar T>
     static Var<T> record_node(std::span<const Var<T>> parts, std::size_t axis) {
         static_assert(max_arity == 4, "record_node spells out the input lists up to max_arity");
@@ -108,8 +109,8 @@ struct Concat {
         }
     }
 
-    // More than max_arity inputs: groups of max_arity consecutive inputs joined first, then the
-    // groups' results (see the header comment).
+    /// More than max_arity inputs: groups of max_arity consecutive inputs joined first, then the
+    /// groups' results (see the header comment).
     template <Scalar T>
     static Var<T> record_tree(std::span<const Var<T>> parts, std::size_t axis) {
         if (parts.size() <= max_arity) return record_node(parts, axis);
@@ -122,9 +123,9 @@ struct Concat {
     }
 };
 
-// The inputs joined along `axis` (negative counts from the back), in order. usage_error for an
-// empty list or inputs from different tapes; shape_error for an axis the inputs do not have or
-// inputs that differ in rank or in a dimension other than `axis`.
+/// The inputs joined along `axis` (negative counts from the back), in order. usage_error for an
+/// empty list or inputs from different tapes; shape_error for an axis the inputs do not have or
+/// inputs that differ in rank or in a dimension other than `axis`.
 template <Scalar T>
 Var<T> concat(std::span<const Var<T>> parts, std::ptrdiff_t axis) {
     const std::size_t a = Concat::checked_axis(parts, axis);

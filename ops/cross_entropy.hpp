@@ -1,14 +1,15 @@
-// cross_entropy: the mean negative log-likelihood of integer targets under next-token logits,
-// the training loss (it replaces the spec's fixed probe G with a real objective).
-//   logits [..., V] viewed as N rows of V classes (N = size / V), targets t_0 .. t_{N−1} in [0, V)
-//   (Settings::targets)  ->  J [] (a scalar)
-//   J = (1/N) Σ_r (log Σ_c exp(z_rc) − z_{r t_r})
-// The log-sum-exp subtracts each row's maximum first (log_partition, shared with
-// ops/log_softmax.hpp), so logits of ±1e4 give the exact finite loss instead of inf − inf.
-// The softmax probabilities P are saved for the VJP.
-// VJP (G is the scalar upstream gradient):
-//   dz_rc = G·(P_rc − [c = t_r]) / N
-// because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
+/// \file
+/// cross_entropy: the mean negative log-likelihood of integer targets under next-token logits,
+/// the training loss (it replaces the spec's fixed probe G with a real objective).
+///   logits [..., V] viewed as N rows of V classes (N = size / V), targets t_0 .. t_{N−1} in [0, V)
+///   (Settings::targets)  ->  J [] (a scalar)
+///   J = (1/N) Σ_r (log Σ_c exp(z_rc) − z_{r t_r})
+/// The log-sum-exp subtracts each row's maximum first (log_partition, shared with
+/// ops/log_softmax.hpp), so logits of ±1e4 give the exact finite loss instead of inf − inf.
+/// The softmax probabilities P are saved for the VJP.
+/// VJP (G is the scalar upstream gradient):
+///   dz_rc = G·(P_rc − [c = t_r]) / N
+/// because ∂/∂z_rc log Σ exp(z_r·) = P_rc (the softmax), and ∂z_{r t_r}/∂z_rc = [c = t_r].
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -29,7 +30,7 @@ struct CrossEntropy {
     static constexpr std::string_view name = "cross_entropy";
 
     struct Settings {
-        std::vector<std::size_t> targets;  // one class per row (checked < V when recorded)
+        std::vector<std::size_t> targets;  ///< one class per row (checked < V when recorded)
     };
 
     template <Scalar T>
@@ -64,7 +65,7 @@ struct CrossEntropy {
     }
 };
 
-// Mean cross-entropy of `targets` (one per row of `logits`, each in [0, V)).
+/// Mean cross-entropy of `targets` (one per row of `logits`, each in [0, V)).
 template <Scalar T>
 Var<T> cross_entropy(const Var<T>& logits, std::span<const std::size_t> targets) {
     checks::non_empty(CrossEntropy::name, "logits", logits);

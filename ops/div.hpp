@@ -1,11 +1,12 @@
-// div: elementwise quotient with NumPy broadcasting, C = A / B (a normalisation by a per-row
-// total [m, 1]; a ratio of two tensors).
-//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
-//   A 0 anywhere in B is refused (value_error naming the index): the quotient would be ±inf or NaN.
-// VJP, each summed over the axes along which that input was stretched:
-//   dA = G / B          C_k = A_ia / B_ib, so ∂C_k/∂A_ia = 1 / B_ib;
-//   dB = −G ∘ A / B²    ∂C_k/∂B_ib = −A_ia / B_ib² (the derivative of b⁻¹ is −b⁻²).
-//   An input element read by several output elements receives the sum of their contributions.
+/// \file
+/// div: elementwise quotient with NumPy broadcasting, C = A / B (a normalisation by a per-row
+/// total [m, 1]; a ratio of two tensors).
+///   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+///   A 0 anywhere in B is refused (value_error naming the index): the quotient would be ±inf or NaN.
+/// VJP, each summed over the axes along which that input was stretched:
+///   dA = G / B          C_k = A_ia / B_ib, so ∂C_k/∂A_ia = 1 / B_ib;
+///   dB = −G ∘ A / B²    ∂C_k/∂B_ib = −A_ia / B_ib² (the derivative of b⁻¹ is −b⁻²).
+///   An input element read by several output elements receives the sum of their contributions.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,12 +1,13 @@
-// dropout: zeroes each element with probability p and scales the kept ones by 1/(1−p), so the
-// expected output equals the input (attention dropout on the weights A).
-//   X [...] , M [...] (same shape, 0 = dropped, 1 = kept; a constant)  ->  Y [...]
-//   Y_k = X_k·M_k / (1−p)     (Settings::factor holds 1/(1−p))
-// The keep-mask M is drawn once, from the caller's explicit seeded generator, when the op is
-// recorded, and lives on the tape as a constant input. So forward is a pure function of (X, M)
-// (the checker replays it with the same M) and the VJP reuses exactly the mask of the forward:
-//   dX_k = G_k·M_k / (1−p)
-// because Y_k is linear in X_k with slope M_k/(1−p). M has no gradient.
+/// \file
+/// dropout: zeroes each element with probability p and scales the kept ones by 1/(1−p), so the
+/// expected output equals the input (attention dropout on the weights A).
+///   X [...] , M [...] (same shape, 0 = dropped, 1 = kept; a constant)  ->  Y [...]
+///   Y_k = X_k·M_k / (1−p)     (Settings::factor holds 1/(1−p))
+/// The keep-mask M is drawn once, from the caller's explicit seeded generator, when the op is
+/// recorded, and lives on the tape as a constant input. So forward is a pure function of (X, M)
+/// (the checker replays it with the same M) and the VJP reuses exactly the mask of the forward:
+///   dX_k = G_k·M_k / (1−p)
+/// because Y_k is linear in X_k with slope M_k/(1−p). M has no gradient.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -23,13 +24,13 @@ namespace tapegrad {
 struct Dropout {
     static constexpr std::string_view name = "dropout";
 
-    // 1/(1−p) in the tape's own precision, so a 50-digit graph is not capped at double's 16 digits.
+    /// 1/(1−p) in the tape's own precision, so a 50-digit graph is not capped at double's 16 digits.
     template <Scalar T>
     struct Settings {
         T factor;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded value, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded value, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.factor)};
@@ -55,16 +56,16 @@ struct Dropout {
     }
 };
 
-// Rejects p outside [0, 1): p = 1 would drop everything and divide by zero.
+/// Rejects p outside [0, 1): p = 1 would drop everything and divide by zero.
 inline void check_dropout_probability(std::string_view where, double p) {
     if (!(p >= 0.0 && p < 1.0)) {
         throw value_error(fmt::format("{}: dropout probability p = {} is outside [0, 1)", where, p));
     }
 }
 
-// Draws a keep-mask of `shape` (1 kept with probability 1−p, 0 dropped). Uses the generator's raw
-// 64-bit output (53 bits of it as a uniform in [0, 1)) rather than std::bernoulli_distribution,
-// whose algorithm differs between standard libraries: one seed gives one mask everywhere.
+/// Draws a keep-mask of `shape` (1 kept with probability 1−p, 0 dropped). Uses the generator's raw
+/// 64-bit output (53 bits of it as a uniform in [0, 1)) rather than std::bernoulli_distribution,
+/// whose algorithm differs between standard libraries: one seed gives one mask everywhere.
 inline Tensor<double> draw_keep_mask(const Shape& shape, double p, std::mt19937_64& generator) {
     check_dropout_probability("dropout", p);
     Tensor<double> keep(shape);
@@ -75,9 +76,9 @@ inline Tensor<double> draw_keep_mask(const Shape& shape, double p, std::mt19937_
     return keep;
 }
 
-// Dropout of X with the keep-mask `keep` (values 0 or 1, X's shape) and the factor 1/(1−p) given as
-// recorded: the checks and the record shared by dropout_with_mask and a loaded tape (io/tape_file.hpp,
-// which holds the factor, not p). value_error for a factor below 1 or not finite.
+/// Dropout of X with the keep-mask `keep` (values 0 or 1, X's shape) and the factor 1/(1−p) given as
+/// recorded: the checks and the record shared by dropout_with_mask and a loaded tape (io/tape_file.hpp,
+/// which holds the factor, not p). value_error for a factor below 1 or not finite.
 template <Scalar T>
 Var<T> record_dropout(const Var<T>& X, const Var<T>& keep, const T& factor) {
     checks::same_shape(Dropout::name, X, keep);
@@ -95,15 +96,15 @@ Var<T> record_dropout(const Var<T>& X, const Var<T>& keep, const T& factor) {
     return X.tape().template record<Dropout>({X, keep}, Dropout::Settings<T>{factor});
 }
 
-// Dropout with an explicit keep-mask (a constant on the tape, values 0 or 1) and its p.
+/// Dropout with an explicit keep-mask (a constant on the tape, values 0 or 1) and its p.
 template <Scalar T>
 Var<T> dropout_with_mask(const Var<T>& X, const Var<T>& keep, double p) {
     check_dropout_probability("dropout", p);
     return record_dropout(X, keep, T(T(1) / (T(1) - T(p))));
 }
 
-// Dropout whose keep-mask is drawn now from `generator` (advancing it). p = 0 keeps everything
-// (Y = X exactly); the same generator state always gives the same mask.
+/// Dropout whose keep-mask is drawn now from `generator` (advancing it). p = 0 keeps everything
+/// (Y = X exactly); the same generator state always gives the same mask.
 template <Scalar T>
 Var<T> dropout(const Var<T>& X, double p, std::mt19937_64& generator) {
     checks::non_empty(Dropout::name, "X", X);

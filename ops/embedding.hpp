@@ -1,13 +1,14 @@
-// embedding: gathers rows of a table by index (token and position embeddings; also picks the
-// rows of a batch, e.g. the last position of each sequence).
-//   table [..., D] viewed as R rows of width D (R = size / D), indices i_0 .. i_{n−1} in [0, R)
-//   -> Y [n, D]             (Settings{indices, sequences = 0})
-//   -> Y [B, n/B, D]         (Settings{indices, sequences = B}: the same rows, shaped as B sequences)
-//   Y_r = table_{i_r}
-// VJP: d table_v = Σ_{r : i_r = v} G_r  (scatter-add of the rows of G back to the rows they came
-// from). Each Y_r is a copy of one table row with slope 1, so a row used twice receives the sum of
-// both upstream rows, and a row never used receives zero. The indices are integers, not inputs:
-// they have no gradient.
+/// \file
+/// embedding: gathers rows of a table by index (token and position embeddings; also picks the
+/// rows of a batch, e.g. the last position of each sequence).
+///   table [..., D] viewed as R rows of width D (R = size / D), indices i_0 .. i_{n−1} in [0, R)
+///   -> Y [n, D]             (Settings{indices, sequences = 0})
+///   -> Y [B, n/B, D]         (Settings{indices, sequences = B}: the same rows, shaped as B sequences)
+///   Y_r = table_{i_r}
+/// VJP: d table_v = Σ_{r : i_r = v} G_r  (scatter-add of the rows of G back to the rows they came
+/// from). Each Y_r is a copy of one table row with slope 1, so a row used twice receives the sum of
+/// both upstream rows, and a row never used receives zero. The indices are integers, not inputs:
+/// they have no gradient.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -26,8 +27,8 @@ struct Embedding {
     static constexpr std::string_view name = "embedding";
 
     struct Settings {
-        std::vector<std::size_t> indices;  // table rows, in output order (checked < rows when recorded)
-        std::size_t sequences = 0;         // 0: output [n, D]; B: output [B, n/B, D]
+        std::vector<std::size_t> indices;  ///< table rows, in output order (checked < rows when recorded)
+        std::size_t sequences = 0;         ///< 0: output [n, D]; B: output [B, n/B, D]
     };
 
     template <Scalar T>
@@ -74,14 +75,14 @@ Var<T> record_embedding(const Var<T>& table, std::span<const std::size_t> indice
 
 }  // namespace detail
 
-// Rows `indices` of `table`, as an [n × D] matrix.
+/// Rows `indices` of `table`, as an [n × D] matrix.
 template <Scalar T>
 Var<T> embedding(const Var<T>& table, std::span<const std::size_t> indices) {
     return detail::record_embedding(table, indices, 0);
 }
 
-// Rows `indices` of `table` as `batch` sequences: [batch × (n / batch) × D]. The indices are
-// sequence-major (all of sequence 0, then sequence 1, ...).
+/// Rows `indices` of `table` as `batch` sequences: [batch × (n / batch) × D]. The indices are
+/// sequence-major (all of sequence 0, then sequence 1, ...).
 template <Scalar T>
 Var<T> embedding(const Var<T>& table, std::span<const std::size_t> indices, std::size_t batch) {
     if (batch == 0 || indices.size() % batch != 0) {

@@ -1,10 +1,11 @@
-// exp: the exponential, elementwise, Y = e^A, for positive quantities kept in log space (a learned
-// scale or rate e^s) and for unnormalised weights.
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ Y, since d e^a/da = e^a: the saved output is the derivative.
-// e^(−inf) = 0 (exp after mask) and underflow to 0 are results, not errors. An output that
-// overflows to +inf (a > 709.78 in double, a > 88.7 in float; 50 digits reach far higher) raises
-// value_error naming the value and its index: an infinite value would only turn into NaN later.
+/// \file
+/// exp: the exponential, elementwise, Y = e^A, for positive quantities kept in log space (a learned
+/// scale or rate e^s) and for unnormalised weights.
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ Y, since d e^a/da = e^a: the saved output is the derivative.
+/// e^(−inf) = 0 (exp after mask) and underflow to 0 are results, not errors. An output that
+/// overflows to +inf (a > 709.78 in double, a > 88.7 in float; 50 digits reach far higher) raises
+/// value_error naming the value and its index: an infinite value would only turn into NaN later.
 #pragma once
 
 #include "autodiff/instances.hpp"

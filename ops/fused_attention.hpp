@@ -1,41 +1,42 @@
-// fused_attention: attention as one op, O = softmax(Q·Kᵀ/√d + causal mask)·V, with a hand-derived
-// VJP, that never stores the T×T score or weight matrices. It computes the same function as the
-// composed graph softmax(mask(scale(matmul(Q, transpose(K)), 1/√d), M))·V (models/attention.hpp)
-// and is held to the same values, gradients and tests; only its memory and time differ.
-//   Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r] -> O [..., Tq, r]   (rank 2, 3 or 4, same
-//   leading dimensions: batch × heads), c = 1/√d applied inside.
-//   causal: query i sees key j only when j <= query_offset + i (query_offset = keys already
-//   cached before the first query). Row i always sees key 0, so no row is ever fully hidden and
-//   every output row is a proper weighted mean of V's rows (no NaN, no all-zero convention needed).
-//
-// Forward, per query tile Q_i (rows) and key tiles K_j, V_j in order (an online softmax):
-//   S = c·Q_i·K_jᵀ (hidden positions skipped), m' = max(m, rowmax S), α = exp(m − m'),
-//   P = exp(S − m'), l = α·l + rowsum P, acc = α·acc + P·V_j, m = m'.
-//   O_i = acc / l, and one log-sum-exp per row, L = m + log l, is saved: A_ij = exp(S_ij − L_i).
-// So the op keeps O (its output) and L ([..., Tq]) only; S and A exist one tile at a time.
-//
-// VJP (G = dO = dJ/dO), recomputing P = exp(S − L) tile by tile from Q, K and L:
-//   dV = Pᵀ·dO                   from O_il = Σ_j P_ij V_jl: ∂J/∂V_jl = Σ_i P_ij dO_il.
-//   dP = dO·Vᵀ                   likewise ∂J/∂P_ij = Σ_l dO_il V_jl.
-//   D_i = rowsum(dO_i ∘ O_i)     the softmax VJP's mean Σ_k P_ik dP_ik = Σ_l dO_il Σ_k P_ik V_kl
-//                                = Σ_l dO_il O_il: one number per row, from O and dO alone.
-//   dS = P ∘ (dP − D)            softmax's VJP, ∂P_ij/∂S_ik = P_ij(δ_jk − P_ik) (see ops/softmax.hpp);
-//                                hidden positions have P = 0, so they get no gradient (ops/mask.hpp).
-//   dQ = c·dS·K, dK = c·dSᵀ·Q    from S_ij = c·Σ_a Q_ia K_ja (ops/matmul.hpp, ops/scale.hpp).
-// One pass over key tiles recomputes S and P once and forms dV, dP, dS, dK and dQ from them: 5
-// tile products per tile pair (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K), 7 with the forward's 2. Each key
-// tile's dK, dV rows are its own; dQ rows are summed over key tiles in key-tile order under a
-// per-query-tile ticket, so the result does not depend on the thread count.
-//
-// Tiles: 128 query rows × 128 keys by default: with d = r = 64 in double, Q_i, K_j, V_j, dO_i and
-// the accumulator are 64 KiB each and S, dP 128 KiB each, about 0.6 MiB per thread, sized for a
-// core with at least 1 MiB of L2, and large enough that Eigen's GEMM runs near its peak on each
-// tile product. Work items are (batch·head, tile) pairs handed out dynamically by
-// tapegrad::parallel_for, so one head uses every core. Extra memory beyond inputs, outputs and
-// gradients: L and D (one number per query row) plus the per-thread tiles.
-//
-// Bad input: shapes that do not fit, a non-finite Q, K or V, or scores that overflow (|S| = inf)
-// raise shape_error / value_error naming fused_attention and the shapes or values at fault.
+/// \file
+/// fused_attention: attention as one op, O = softmax(Q·Kᵀ/√d + causal mask)·V, with a hand-derived
+/// VJP, that never stores the T×T score or weight matrices. It computes the same function as the
+/// composed graph softmax(mask(scale(matmul(Q, transpose(K)), 1/√d), M))·V (models/attention.hpp)
+/// and is held to the same values, gradients and tests; only its memory and time differ.
+///   Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r] -> O [..., Tq, r]   (rank 2, 3 or 4, same
+///   leading dimensions: batch × heads), c = 1/√d applied inside.
+///   causal: query i sees key j only when j <= query_offset + i (query_offset = keys already
+///   cached before the first query). Row i always sees key 0, so no row is ever fully hidden and
+///   every output row is a proper weighted mean of V's rows (no NaN, no all-zero convention needed).
+///
+/// Forward, per query tile Q_i (rows) and key tiles K_j, V_j in order (an online softmax):
+///   S = c·Q_i·K_jᵀ (hidden positions skipped), m' = max(m, rowmax S), α = exp(m − m'),
+///   P = exp(S − m'), l = α·l + rowsum P, acc = α·acc + P·V_j, m = m'.
+///   O_i = acc / l, and one log-sum-exp per row, L = m + log l, is saved: A_ij = exp(S_ij − L_i).
+/// So the op keeps O (its output) and L ([..., Tq]) only; S and A exist one tile at a time.
+///
+/// VJP (G = dO = dJ/dO), recomputing P = exp(S − L) tile by tile from Q, K and L:
+///   dV = Pᵀ·dO                   from O_il = Σ_j P_ij V_jl: ∂J/∂V_jl = Σ_i P_ij dO_il.
+///   dP = dO·Vᵀ                   likewise ∂J/∂P_ij = Σ_l dO_il V_jl.
+///   D_i = rowsum(dO_i ∘ O_i)     the softmax VJP's mean Σ_k P_ik dP_ik = Σ_l dO_il Σ_k P_ik V_kl
+///                                = Σ_l dO_il O_il: one number per row, from O and dO alone.
+///   dS = P ∘ (dP − D)            softmax's VJP, ∂P_ij/∂S_ik = P_ij(δ_jk − P_ik) (see ops/softmax.hpp);
+///                                hidden positions have P = 0, so they get no gradient (ops/mask.hpp).
+///   dQ = c·dS·K, dK = c·dSᵀ·Q    from S_ij = c·Σ_a Q_ia K_ja (ops/matmul.hpp, ops/scale.hpp).
+/// One pass over key tiles recomputes S and P once and forms dV, dP, dS, dK and dQ from them: 5
+/// tile products per tile pair (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K), 7 with the forward's 2. Each key
+/// tile's dK, dV rows are its own; dQ rows are summed over key tiles in key-tile order under a
+/// per-query-tile ticket, so the result does not depend on the thread count.
+///
+/// Tiles: 128 query rows × 128 keys by default: with d = r = 64 in double, Q_i, K_j, V_j, dO_i and
+/// the accumulator are 64 KiB each and S, dP 128 KiB each, about 0.6 MiB per thread, sized for a
+/// core with at least 1 MiB of L2, and large enough that Eigen's GEMM runs near its peak on each
+/// tile product. Work items are (batch·head, tile) pairs handed out dynamically by
+/// tapegrad::parallel_for, so one head uses every core. Extra memory beyond inputs, outputs and
+/// gradients: L and D (one number per query row) plus the per-thread tiles.
+///
+/// Bad input: shapes that do not fit, a non-finite Q, K or V, or scores that overflow (|S| = inf)
+/// raise shape_error / value_error naming fused_attention and the shapes or values at fault.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -56,8 +57,8 @@
 
 namespace tapegrad {
 
-// Tile sizes (query rows × keys). Part of the node's settings, so tests can use tiny tiles to
-// drive the online softmax through many tiles at small sizes under the 50-digit checker.
+/// Tile sizes (query rows × keys). Part of the node's settings, so tests can use tiny tiles to
+/// drive the online softmax through many tiles at small sizes under the 50-digit checker.
 struct FusedAttentionTiles {
     std::size_t query = 128;
     std::size_t key = 128;
@@ -65,7 +66,7 @@ struct FusedAttentionTiles {
 
 struct FusedAttention {
     static constexpr std::string_view name = "fused_attention";
-    using hooks_of = FusedAttention;  // the one-pass vjp_all below
+    using hooks_of = FusedAttention;  ///< the one-pass vjp_all below
 
     struct Settings {
         bool causal = false;
@@ -73,30 +74,30 @@ struct FusedAttention {
         FusedAttentionTiles tiles{};
     };
 
-    // O, and saved = L, the log-sum-exp of each query row's scores, shape [batch·Tq].
+    /// O, and saved = L, the log-sum-exp of each query row's scores, shape [batch·Tq].
     template <Scalar T>
     static void forward(const Settings& settings, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved);
 
-    // dQ, dK and dV (those requested) in one pass over the key tiles.
+    /// dQ, dK and dV (those requested) in one pass over the key tiles.
     template <Scalar T>
     static void vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
 
-    // Tile products of the forward and of vjp_all's single pass (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K). A
-    // causal call does about half of this work.
+    /// Tile products of the forward and of vjp_all's single pass (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K). A
+    /// causal call does about half of this work.
     template <Scalar T>
     static OpCost cost(const Settings& settings, Inputs<T> in);
 };
 
 namespace fused_detail {
 
-// The sizes of one call, from the node's settings and its inputs.
+/// The sizes of one call, from the node's settings and its inputs.
 template <Scalar T>
 struct Dims {
     std::size_t batch, Tq, Tk, d, r;
     bool causal;
     std::size_t offset;
     std::size_t tile_q, tile_k;
-    T c;  // 1/√d, in T's own precision
+    T c;  ///< 1/√d, in T's own precision
 
     Dims(const FusedAttention::Settings& settings, Inputs<T> in)
         : batch(in[0]->shape().batch()),
@@ -112,35 +113,35 @@ struct Dims {
 
     std::size_t query_tiles() const { return (Tq + tile_q - 1) / tile_q; }
     std::size_t key_tiles() const { return (Tk + tile_k - 1) / tile_k; }
-    // Keys query row i sees: [0, visible(i)).
+    /// Keys query row i sees: [0, visible(i)).
     std::size_t visible(std::size_t i) const { return causal ? std::min(Tk, offset + i + 1) : Tk; }
-    // The first key tile query rows [i0, i0 + bq) see none of (causal attention skips the rest).
+    /// The first key tile query rows [i0, i0 + bq) see none of (causal attention skips the rest).
     std::size_t key_tile_end(std::size_t i0, std::size_t bq) const {
         return (visible(i0 + bq - 1) + tile_k - 1) / tile_k;
     }
-    // The first row of the first query tile that sees key j0 (causal: row i sees it once
-    // offset + i >= j0). The query tiles that see a key tile are the ones from here on, so the
-    // key tiles that reach a query tile are a prefix 0, 1, ... of them.
+    /// The first row of the first query tile that sees key j0 (causal: row i sees it once
+    /// offset + i >= j0). The query tiles that see a key tile are the ones from here on, so the
+    /// key tiles that reach a query tile are a prefix 0, 1, ... of them.
     std::size_t first_query_tile(std::size_t j0) const {
         const std::size_t first_row = causal && j0 > offset ? j0 - offset : 0;
         return first_row / tile_q * tile_q;
     }
-    // Head b's block of a tensor that holds one block per head (Q, K, V, O, dO, their gradients, L).
+    /// Head b's block of a tensor that holds one block per head (Q, K, V, O, dO, their gradients, L).
     template <class Values>
     auto head(Values& x, std::size_t b) const {
         return x.data().data() + b * (x.size() / batch);
     }
-    // Small work (under 1e6 multiply-adds) stays on one thread: set when starting threads cost
-    // ~20 µs a call; waking the pool's workers costs a few µs (not yet re-measured here).
-    // 0 lets parallel_for use the library's threads setting.
+    /// Small work (under 1e6 multiply-adds) stays on one thread: set when starting threads cost
+    /// ~20 µs a call; waking the pool's workers costs a few µs (not yet re-measured here).
+    /// 0 lets parallel_for use the library's threads setting.
     unsigned max_threads() const {
         const double madds = double(batch) * double(Tq) * double(Tk) * double(d + r);
         return madds < 1e6 ? 1u : 0u;
     }
 };
 
-// S = c·Q_i·K_jᵀ for query rows [i0, i0+bq) and keys [j0, j0+bk) of one head, checked finite on
-// the visible part; returns, per row, how many of the tile's keys the row sees.
+/// S = c·Q_i·K_jᵀ for query rows [i0, i0+bq) and keys [j0, j0+bk) of one head, checked finite on
+/// the visible part; returns, per row, how many of the tile's keys the row sees.
 template <Scalar T>
 void scores(const Dims<T>& dims, const T* Q, const T* K, std::size_t i0, std::size_t bq, std::size_t j0,
             std::size_t bk, std::vector<T>& S, std::vector<std::size_t>& seen) {
@@ -161,9 +162,9 @@ void scores(const Dims<T>& dims, const T* Q, const T* K, std::size_t i0, std::si
     }
 }
 
-// One row of the online softmax on one key tile. `row` holds the row's scores (the first `seen`
-// visible) and is left holding P = exp(S − m') (0 where hidden) for the product P·V_j; the running
-// max m, sum l and the row's accumulator acc (r values) are brought up to date.
+/// One row of the online softmax on one key tile. `row` holds the row's scores (the first `seen`
+/// visible) and is left holding P = exp(S − m') (0 where hidden) for the product P·V_j; the running
+/// max m, sum l and the row's accumulator acc (r values) are brought up to date.
 template <Scalar T>
 void online_softmax_step(T* row, std::size_t bk, std::size_t seen, T& m, T& l, T* acc, std::size_t r) {
     using std::exp;
@@ -186,8 +187,8 @@ void online_softmax_step(T* row, std::size_t bk, std::size_t seen, T& m, T& l, T
     l += total;
 }
 
-// The forward of query rows [i0, i0 + tile) of one head: their rows of O (accumulated in place)
-// and their log-sum-exps L.
+/// The forward of query rows [i0, i0 + tile) of one head: their rows of O (accumulated in place)
+/// and their log-sum-exps L.
 template <Scalar T>
 void attend_query_tile(const Dims<T>& dims, const T* Q, const T* K, const T* V, std::size_t i0, T* O, T* L) {
     using std::log;
@@ -211,7 +212,7 @@ void attend_query_tile(const Dims<T>& dims, const T* Q, const T* K, const T* V, 
     }
 }
 
-// Recomputes P = exp(S − L) on a tile (zero where hidden), from one head's saved log-sum-exps.
+/// Recomputes P = exp(S − L) on a tile (zero where hidden), from one head's saved log-sum-exps.
 template <Scalar T>
 void probabilities(const Dims<T>& dims, const T* Q, const T* K, const T* L, std::size_t i0, std::size_t bq,
                    std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<std::size_t>& seen) {
@@ -223,7 +224,7 @@ void probabilities(const Dims<T>& dims, const T* Q, const T* K, const T* L, std:
     }
 }
 
-// D_i = rowsum(dO_i ∘ O_i) for every query row of every head (rows of r values).
+/// D_i = rowsum(dO_i ∘ O_i) for every query row of every head (rows of r values).
 template <Scalar T>
 std::vector<T> softmax_row_means(const Tensor<T>& dO, const Tensor<T>& O, std::size_t r) {
     std::vector<T> D(O.size() / r);
@@ -235,8 +236,8 @@ std::vector<T> softmax_row_means(const Tensor<T>& dO, const Tensor<T>& O, std::s
     return D;
 }
 
-// c·dS = c·P ∘ (dP − D) on a tile (so dS·K and dSᵀ·Q are already dQ's and dK's terms), with
-// dP = dO_i·V_jᵀ; dO, V and D are one head's. P is overwritten with c·dS.
+/// c·dS = c·P ∘ (dP − D) on a tile (so dS·K and dSᵀ·Q are already dQ's and dK's terms), with
+/// dP = dO_i·V_jᵀ; dO, V and D are one head's. P is overwritten with c·dS.
 template <Scalar T>
 void score_gradient(const Dims<T>& dims, const T* dO, const T* V, const T* D, std::size_t i0, std::size_t bq,
                     std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<T>& dP) {
@@ -247,13 +248,13 @@ void score_gradient(const Dims<T>& dims, const T* dO, const T* V, const T* D, st
     }
 }
 
-// A turn's top bit: an item failed, so no item waits for its turn any more (stop_turns).
+/// A turn's top bit: an item failed, so no item waits for its turn any more (stop_turns).
 inline constexpr std::size_t turn_failed = std::size_t{1} << (std::numeric_limits<std::size_t>::digits - 1);
 
-// Runs `add` once `turn` reaches `mine` (every earlier key tile has added its term), then passes
-// the turn on. The wait sleeps (std::atomic::wait) rather than spins: with more threads than
-// cores, a spinning waiter would hold the core the item it waits for needs. Returns false, adding
-// nothing, when another item failed while this one waited.
+/// Runs `add` once `turn` reaches `mine` (every earlier key tile has added its term), then passes
+/// the turn on. The wait sleeps (std::atomic::wait) rather than spins: with more threads than
+/// cores, a spinning waiter would hold the core the item it waits for needs. Returns false, adding
+/// nothing, when another item failed while this one waited.
 template <class Add>
 bool add_in_turn(std::atomic<std::size_t>& turn, std::size_t mine, const Add& add) {
     for (std::size_t now = turn.load(std::memory_order_acquire); now != mine; now = turn.load(std::memory_order_acquire)) {
@@ -266,7 +267,7 @@ bool add_in_turn(std::atomic<std::size_t>& turn, std::size_t mine, const Add& ad
     return true;
 }
 
-// After an item failed: wakes every item waiting for a turn, and keeps any from waiting again.
+/// After an item failed: wakes every item waiting for a turn, and keeps any from waiting again.
 inline void stop_turns(std::span<std::atomic<std::size_t>> turns) {
     for (std::atomic<std::size_t>& turn : turns) {
         turn.fetch_or(turn_failed, std::memory_order_release);
@@ -292,13 +293,13 @@ void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& 
         dims.max_threads());
 }
 
-// One item per key tile K_j, V_j, over the query tiles that see it: P = exp(S − L),
-// dV_j += Pᵀ·dO_i, dP = dO_i·V_jᵀ, dS = c·P ∘ (dP − D), dK_j += dSᵀ·Q_i, dQ_i += dS·K_j. dK_j and
-// dV_j belong to the item; dQ_i receives every key tile's term, added strictly in key-tile order (a
-// ticket per query tile), so the sums are those of a single thread whatever the thread count, and
-// no two threads add into one dQ tile at once. No deadlock: key tiles are handed out in order and
-// the key tiles that reach a query tile are a prefix (Dims::first_query_tile), so the lowest
-// unfinished item never waits; on one thread the items run in that order.
+/// One item per key tile K_j, V_j, over the query tiles that see it: P = exp(S − L),
+/// dV_j += Pᵀ·dO_i, dP = dO_i·V_jᵀ, dS = c·P ∘ (dP − D), dK_j += dSᵀ·Q_i, dQ_i += dS·K_j. dK_j and
+/// dV_j belong to the item; dQ_i receives every key tile's term, added strictly in key-tile order (a
+/// ticket per query tile), so the sums are those of a single thread whatever the thread count, and
+/// no two threads add into one dQ tile at once. No deadlock: key tiles are handed out in order and
+/// the key tiles that reach a query tile are a prefix (Dims::first_query_tile), so the lowest
+/// unfinished item never waits; on one thread the items run in that order.
 template <Scalar T>
 void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
     const fused_detail::Dims<T> dims(settings, at.in);
@@ -357,7 +358,7 @@ OpCost FusedAttention::cost(const Settings& settings, Inputs<T> in) {
     return {pairs * (dims.d + dims.r), pairs * (3 * dims.d + 2 * dims.r)};
 }
 
-// Checks shapes and values and records `Op` (FusedAttention, or a test's faulty variant of it).
+/// Checks shapes and values and records `Op` (FusedAttention, or a test's faulty variant of it).
 template <class Op, Scalar T>
 Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal,
                               std::size_t query_offset, FusedAttentionTiles tiles = {}) {
@@ -388,13 +389,13 @@ Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
     return Q.tape().template record<Op>({Q, K, V}, FusedAttention::Settings{causal, query_offset, tiles});
 }
 
-// O = softmax(Q·Kᵀ/√d, causally masked when `causal`)·V as one op (see the top of this file).
+/// O = softmax(Q·Kᵀ/√d, causally masked when `causal`)·V as one op (see the top of this file).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset) {
     return record_fused_attention<FusedAttention>(Q, K, V, causal, query_offset);
 }
 
-// The same, with chosen tile sizes (tests use tiny tiles to cross many tile boundaries).
+/// The same, with chosen tile sizes (tests use tiny tiles to cross many tile boundaries).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset,
                        FusedAttentionTiles tiles) {

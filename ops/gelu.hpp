@@ -1,16 +1,17 @@
-// gelu: the Gaussian error linear unit, elementwise (the transformer MLP's nonlinearity).
-//   A [...] -> Y [...], in one of two forms (Settings::form, GeluForm):
-//   * GeluForm::tanh (the DEFAULT, as GPT-2 and torch.nn.GELU(approximate='tanh')):
-//       y = ½·a·(1 + t),   t = tanh(u),   u = c·(a + k·a³),   c = √(2/π),   k = 0.044715
-//       dy/da = ½·(1 + t) + ½·a·(1 − t²)·c·(1 + 3k·a²)
-//   * GeluForm::erf (exact, as torch.nn.GELU() by default):
-//       y = a·Φ(a) = ½·a·(1 + erf(a/√2))
-//       dy/da = Φ(a) + a·φ(a),   φ(a) = exp(−a²/2)/√(2π)   (Φ' = φ)
-// VJP: dA = G ∘ dy/da, recomputed from the input A. Forgetting the a·(...) term (the slope of the
-// gate itself) would give G∘Φ, which is wrong everywhere but at a = 0.
-// Constants are computed in the tape's own precision (π = 4·atan 1), so a 50-digit tape holds them
-// to 50 digits. float/double take the compiled kernels for the tanh form (autodiff/cpu.hpp: the
-// same formulas through ½(1 + tanh u) = 1/(1 + e^{−2u}), vectorised; equal to rounding).
+/// \file
+/// gelu: the Gaussian error linear unit, elementwise (the transformer MLP's nonlinearity).
+///   A [...] -> Y [...], in one of two forms (Settings::form, GeluForm):
+///   * GeluForm::tanh (the DEFAULT, as GPT-2 and torch.nn.GELU(approximate='tanh')):
+///       y = ½·a·(1 + t),   t = tanh(u),   u = c·(a + k·a³),   c = √(2/π),   k = 0.044715
+///       dy/da = ½·(1 + t) + ½·a·(1 − t²)·c·(1 + 3k·a²)
+///   * GeluForm::erf (exact, as torch.nn.GELU() by default):
+///       y = a·Φ(a) = ½·a·(1 + erf(a/√2))
+///       dy/da = Φ(a) + a·φ(a),   φ(a) = exp(−a²/2)/√(2π)   (Φ' = φ)
+/// VJP: dA = G ∘ dy/da, recomputed from the input A. Forgetting the a·(...) term (the slope of the
+/// gate itself) would give G∘Φ, which is wrong everywhere but at a = 0.
+/// Constants are computed in the tape's own precision (π = 4·atan 1), so a 50-digit tape holds them
+/// to 50 digits. float/double take the compiled kernels for the tanh form (autodiff/cpu.hpp: the
+/// same formulas through ½(1 + tanh u) = 1/(1 + e^{−2u}), vectorised; equal to rounding).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -22,8 +23,8 @@
 namespace tapegrad {
 
 enum class GeluForm {
-    tanh,  // GPT-2's approximation (default)
-    erf,   // the exact x·Φ(x)
+    tanh,  ///< GPT-2's approximation (default)
+    erf,   ///< the exact x·Φ(x)
 };
 
 struct Gelu {
@@ -33,8 +34,8 @@ struct Gelu {
         GeluForm form = GeluForm::tanh;
     };
 
-    // π and √(2/π) in T's precision, computed once per type: at 50 digits an atan costs more than
-    // the rest of an element's GELU (it was most of a 50-digit replay of the char-LM's step).
+    /// π and √(2/π) in T's precision, computed once per type: at 50 digits an atan costs more than
+    /// the rest of an element's GELU (it was most of a 50-digit replay of the char-LM's step).
     template <Scalar T>
     static const T& pi() {
         using std::atan;

@@ -1,16 +1,17 @@
-// layer_norm: normalises each row (the last dimension) to mean 0 and variance 1, then scales and
-// shifts it by a learned gain and bias (the transformer block's normalisation, as torch.nn.LayerNorm).
-//   X [..., D] viewed as N rows of width D, gain g [D], bias b [D] -> Y [..., D]
-//   μ = (1/D) Σ_j x_j,   σ² = (1/D) Σ_j (x_j − μ)²   (the biased variance, as PyTorch),
-//   r = 1/√(σ² + ε)      (ε INSIDE the square root; Settings::epsilon, 1e-5 by default),
-//   x̂_j = (x_j − μ)·r,   y_j = g_j·x̂_j + b_j.
-// forward saves x̂ (N·D values) and r (one per row); the VJP needs nothing else (llm.c's
-// layernorm_backward). With ĝ = G∘g (the upstream gradient through the gain):
-//   dX: dx_j = r·(ĝ_j − mean_i ĝ_i − x̂_j·mean_i(ĝ_i·x̂_i))
-//       because ∂x̂_i/∂x_j = r·(δ_ij − 1/D) − x̂_i·x̂_j·r/D: the 1/D from μ, the x̂_i x̂_j from σ².
-//       Dropping the σ² term gives r·(ĝ − mean ĝ), which is wrong wherever x̂ ≠ 0; dropping the μ
-//       term gives rows that no longer sum to zero (Y is invariant to adding a constant to a row).
-//   dg_j = Σ_rows G_j·x̂_j,   db_j = Σ_rows G_j   (each row uses g and b once, with slopes x̂ and 1).
+/// \file
+/// layer_norm: normalises each row (the last dimension) to mean 0 and variance 1, then scales and
+/// shifts it by a learned gain and bias (the transformer block's normalisation, as torch.nn.LayerNorm).
+///   X [..., D] viewed as N rows of width D, gain g [D], bias b [D] -> Y [..., D]
+///   μ = (1/D) Σ_j x_j,   σ² = (1/D) Σ_j (x_j − μ)²   (the biased variance, as PyTorch),
+///   r = 1/√(σ² + ε)      (ε INSIDE the square root; Settings::epsilon, 1e-5 by default),
+///   x̂_j = (x_j − μ)·r,   y_j = g_j·x̂_j + b_j.
+/// forward saves x̂ (N·D values) and r (one per row); the VJP needs nothing else (llm.c's
+/// layernorm_backward). With ĝ = G∘g (the upstream gradient through the gain):
+///   dX: dx_j = r·(ĝ_j − mean_i ĝ_i − x̂_j·mean_i(ĝ_i·x̂_i))
+///       because ∂x̂_i/∂x_j = r·(δ_ij − 1/D) − x̂_i·x̂_j·r/D: the 1/D from μ, the x̂_i x̂_j from σ².
+///       Dropping the σ² term gives r·(ĝ − mean ĝ), which is wrong wherever x̂ ≠ 0; dropping the μ
+///       term gives rows that no longer sum to zero (Y is invariant to adding a constant to a row).
+///   dg_j = Σ_rows G_j·x̂_j,   db_j = Σ_rows G_j   (each row uses g and b once, with slopes x̂ and 1).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -22,25 +23,25 @@
 namespace tapegrad {
 
 struct LayerNormSettings {
-    double epsilon = 1e-5;  // added to σ² inside the square root (PyTorch's default)
+    double epsilon = 1e-5;  ///< added to σ² inside the square root (PyTorch's default)
 };
 
 struct LayerNorm {
     static constexpr std::string_view name = "layer_norm";
 
-    // ε held in the tape's precision (converted exactly from the double the user gave).
+    /// ε held in the tape's precision (converted exactly from the double the user gave).
     template <Scalar T>
     struct Settings {
         T epsilon;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded value, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded value, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.epsilon)};
     }
 
-    // saved = [x̂ (N·D values) | r (N values)]
+    /// saved = [x̂ (N·D values) | r (N values)]
     template <Scalar T>
     static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>& saved) {
         using std::sqrt;
@@ -81,7 +82,7 @@ struct LayerNorm {
         }
     }
 
-    // dx for row n: r·(ĝ − mean ĝ − x̂·mean(ĝ∘x̂)).
+    /// dx for row n: r·(ĝ − mean ĝ − x̂·mean(ĝ∘x̂)).
     template <Scalar T>
     static void input_row(const VjpArgs<T>& at, std::size_t n, std::size_t D, const T* x_hat, const T& r,
                           Tensor<T>& dX) {
@@ -103,7 +104,7 @@ struct LayerNorm {
     }
 };
 
-// Y = layer_norm(X)·gain + bias over the last dimension of X; gain and bias are [D].
+/// Y = layer_norm(X)·gain + bias over the last dimension of X; gain and bias are [D].
 template <Scalar T>
 Var<T> layer_norm(const Var<T>& X, const Var<T>& gain, const Var<T>& bias, LayerNormSettings settings = {}) {
     checks::non_empty(LayerNorm::name, "X", X);

@@ -1,8 +1,9 @@
-// log: the natural logarithm, elementwise, Y = ln A, for A > 0 (log-likelihoods, log-space losses).
-//   A [...] -> Y [...]
-// VJP: dA = G / A, since d ln a/da = 1/a (the input, not the output, is what the VJP needs).
-// A value ≤ 0 raises value_error naming the value and its index: ln 0 = −inf, and the logarithm
-// of a negative number is NaN. ln(+inf) = +inf is allowed; its derivative there is 0.
+/// \file
+/// log: the natural logarithm, elementwise, Y = ln A, for A > 0 (log-likelihoods, log-space losses).
+///   A [...] -> Y [...]
+/// VJP: dA = G / A, since d ln a/da = 1/a (the input, not the output, is what the VJP needs).
+/// A value ≤ 0 raises value_error naming the value and its index: ln 0 = −inf, and the logarithm
+/// of a negative number is NaN. ln(+inf) = +inf is allowed; its derivative there is 0.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,14 +1,15 @@
-// log_softmax: the log-probabilities of each row (the last dimension), Y_ij = S_ij − log Σ_k exp(S_ik)
-// (a classifier's log-likelihoods; cross_entropy shares its row normaliser, log_partition below).
-//   S [..., n] -> Y [..., n]; exp(Y) of each row sums to one.
-// Stable: with m = max_k S_ik, Y_ij = (S_ij − m) − log Σ_k exp(S_ik − m); every exponent is ≤ 0
-// and one is 0, so scores of ±1e4 give finite, correctly rounded log-probabilities. Scores must
-// be finite (value_error otherwise, naming the op, the value and where it is).
-// forward saves the probabilities P = softmax(S) (computed as exp(S − m)/Z, not as exp(Y): that
-// would carry the rounding of Y's large terms into every weight, see ops/logsumexp.hpp).
-// VJP: dS_ij = G_ij − P_ij·Σ_k G_ik
-//   because ∂Y_ik/∂S_ij = δ_jk − P_ij (the derivative of log Z is the softmax). Dropping the P
-//   term gives G itself, whose rows need not sum to zero although Y is invariant to a row shift.
+/// \file
+/// log_softmax: the log-probabilities of each row (the last dimension), Y_ij = S_ij − log Σ_k exp(S_ik)
+/// (a classifier's log-likelihoods; cross_entropy shares its row normaliser, log_partition below).
+///   S [..., n] -> Y [..., n]; exp(Y) of each row sums to one.
+/// Stable: with m = max_k S_ik, Y_ij = (S_ij − m) − log Σ_k exp(S_ik − m); every exponent is ≤ 0
+/// and one is 0, so scores of ±1e4 give finite, correctly rounded log-probabilities. Scores must
+/// be finite (value_error otherwise, naming the op, the value and where it is).
+/// forward saves the probabilities P = softmax(S) (computed as exp(S − m)/Z, not as exp(Y): that
+/// would carry the rounding of Y's large terms into every weight, see ops/logsumexp.hpp).
+/// VJP: dS_ij = G_ij − P_ij·Σ_k G_ik
+///   because ∂Y_ik/∂S_ij = δ_jk − P_ij (the derivative of log Z is the softmax). Dropping the P
+///   term gives G itself, whose rows need not sum to zero although Y is invariant to a row shift.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -21,8 +22,8 @@
 
 namespace tapegrad {
 
-// One row's normaliser: its maximum m and log Z, Z = Σ_k exp(S_k − m); writes exp(S_k − m) into
-// `shifted_exp`. Refuses a non-finite score, naming `op` (log_softmax and cross_entropy share it).
+/// One row's normaliser: its maximum m and log Z, Z = Σ_k exp(S_k − m); writes exp(S_k − m) into
+/// `shifted_exp`. Refuses a non-finite score, naming `op` (log_softmax and cross_entropy share it).
 template <Scalar T>
 struct LogPartition {
     T max, Z, log_Z;

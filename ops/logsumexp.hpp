@@ -1,20 +1,21 @@
-// logsumexp: the smooth maximum along one axis, Y = log Σ_j exp(X[..., j, ...]) (the log of a
-// softmax's denominator, a log-likelihood's normaliser).
-//   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r) -> Y with d_a removed (a rank-1 X gives a
-//   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
-// Stable: with m = max_j X[o, j, i] per lane, Y = m + log Σ_j exp(X[o, j, i] − m). Every exponent
-// is ≤ 0 (no overflow) and one is 0 (the sum is ≥ 1, so the log never sees an underflowed 0):
-// elements of ±1e4 and beyond give finite, correctly rounded results, where the naive formula gives
-// inf or log 0. A lane of −inf only (every position hidden) has Y = log 0 = −inf and passes no
-// gradient; +inf or NaN elements are refused with value_error, as softmax refuses them.
-// VJP: dX[o, j, i] = G[o, i]·W[o, j, i], W = softmax of X along the axis (saved by forward).
-//   ∂Y/∂X_j = exp(X_j) / Σ_k exp(X_k) = W_j: the derivative of log Z is Z'/Z, and the only
-//   term of Z = Σ_k exp(X_k) that moves with X_j is exp(X_j). The shift m changes nothing:
-//   m + log Σ exp(X_j − m) equals log Σ exp(X_j) for every m, so its derivative with respect
-//   to m is zero and m may be held constant (even where the maximum is tied). Then
-//   dX[o', j, i'] = Σ_{o,i} G[o, i]·δ_oo'·δ_ii'·W[o', j, i'] = G[o', i']·W[o', j, i'].
-// W is kept as exp(X_j − m)/Σ: recomputing it in the VJP as exp(X_j − Y) would lose the digits
-// of Y's rounding (ulp(1e4) ≈ 2e-12 in double) in every weight.
+/// \file
+/// logsumexp: the smooth maximum along one axis, Y = log Σ_j exp(X[..., j, ...]) (the log of a
+/// softmax's denominator, a log-likelihood's normaliser).
+///   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r) -> Y with d_a removed (a rank-1 X gives a
+///   scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
+/// Stable: with m = max_j X[o, j, i] per lane, Y = m + log Σ_j exp(X[o, j, i] − m). Every exponent
+/// is ≤ 0 (no overflow) and one is 0 (the sum is ≥ 1, so the log never sees an underflowed 0):
+/// elements of ±1e4 and beyond give finite, correctly rounded results, where the naive formula gives
+/// inf or log 0. A lane of −inf only (every position hidden) has Y = log 0 = −inf and passes no
+/// gradient; +inf or NaN elements are refused with value_error, as softmax refuses them.
+/// VJP: dX[o, j, i] = G[o, i]·W[o, j, i], W = softmax of X along the axis (saved by forward).
+///   ∂Y/∂X_j = exp(X_j) / Σ_k exp(X_k) = W_j: the derivative of log Z is Z'/Z, and the only
+///   term of Z = Σ_k exp(X_k) that moves with X_j is exp(X_j). The shift m changes nothing:
+///   m + log Σ exp(X_j − m) equals log Σ exp(X_j) for every m, so its derivative with respect
+///   to m is zero and m may be held constant (even where the maximum is tied). Then
+///   dX[o', j, i'] = Σ_{o,i} G[o, i]·δ_oo'·δ_ii'·W[o', j, i'] = G[o', i']·W[o', j, i'].
+/// W is kept as exp(X_j − m)/Σ: recomputing it in the VJP as exp(X_j − Y) would lose the digits
+/// of Y's rounding (ulp(1e4) ≈ 2e-12 in double) in every weight.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -31,7 +32,7 @@ struct LogSumExp {
 
     using Settings = reduction::Settings;
 
-    // The lane's largest element; refuses +inf and NaN.
+    /// The lane's largest element; refuses +inf and NaN.
     template <Scalar T>
     static T lane_max(const Tensor<T>& X, const axes::View& lanes, std::size_t first) {
         T largest = -std::numeric_limits<T>::infinity();
@@ -46,7 +47,7 @@ struct LogSumExp {
         return largest;
     }
 
-    // out = Y = m + log Σ exp(X − m); W = the softmax weights along the axis.
+    /// out = Y = m + log Σ exp(X − m); W = the softmax weights along the axis.
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& out, Tensor<T>& W) {
         using std::exp;
@@ -94,8 +95,8 @@ struct LogSumExp {
     }
 };
 
-// log Σ exp along `axis` (in [−rank, rank)), computed stably; keepdims keeps the axis as a
-// dimension of size 1.
+/// log Σ exp along `axis` (in [−rank, rank)), computed stably; keepdims keeps the axis as a
+/// dimension of size 1.
 template <Scalar T>
 Var<T> logsumexp(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(LogSumExp::name, X, axis, keepdims);

@@ -1,9 +1,10 @@
-// mask: hides positions of the scores before softmax.
-//   S [..., m, n], M [..., m, n] or M [m, n] (one mask for the whole batch); M_ij = 1 visible, 0 hidden.
-//   Y_ij = S_ij where M_ij = 1, −inf where M_ij = 0, so softmax gives hidden positions weight 0
-//   (a row hidden entirely gets all-zero weights: see ops/softmax.hpp).
-// VJP: dS_ij = G_ij·M_ij. Y does not depend on S at a hidden position, so no gradient flows there.
-// M is a constant (a boolean pattern); it has no gradient.
+/// \file
+/// mask: hides positions of the scores before softmax.
+///   S [..., m, n], M [..., m, n] or M [m, n] (one mask for the whole batch); M_ij = 1 visible, 0 hidden.
+///   Y_ij = S_ij where M_ij = 1, −inf where M_ij = 0, so softmax gives hidden positions weight 0
+///   (a row hidden entirely gets all-zero weights: see ops/softmax.hpp).
+/// VJP: dS_ij = G_ij·M_ij. Y does not depend on S at a hidden position, so no gradient flows there.
+/// M is a constant (a boolean pattern); it has no gradient.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -36,9 +37,9 @@ struct Mask {
         });
     }
 
-    // Calls visit(k, M_k ≠ 0) for k in [0, size): M repeats over the batch when it is one matrix,
-    // walked with a wrapping index (no division per element); large tensors in chunks over the
-    // library's threads (each position written once, so the result is the single thread's).
+    /// Calls visit(k, M_k ≠ 0) for k in [0, size): M repeats over the batch when it is one matrix,
+    /// walked with a wrapping index (no division per element); large tensors in chunks over the
+    /// library's threads (each position written once, so the result is the single thread's).
     template <Scalar T, class Visit>
     static void for_each_position(const Tensor<T>& M, std::size_t size, const Visit& visit) {
         const std::size_t period = M.size();

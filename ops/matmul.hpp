@@ -1,10 +1,11 @@
-// matmul: the matrix product C = A·B, per matrix of a batch.
-//   A [..., m, k] · B [..., k, n] -> C [..., m, n]   (same leading dimensions), or
-//   A [..., m, k] · B [k, n]      -> C [..., m, n]   (one B shared by the batch: X·W_Q)
-// VJP (G = dJ/dC):
-//   dA = G·Bᵀ
-//   dB = Aᵀ·G          (summed over the batch when B is shared)
-// From C_ij = Σ_p A_ip B_pj: ∂J/∂A_ip = Σ_j G_ij B_pj and ∂J/∂B_pj = Σ_i A_ip G_ij.
+/// \file
+/// matmul: the matrix product C = A·B, per matrix of a batch.
+///   A [..., m, k] · B [..., k, n] -> C [..., m, n]   (same leading dimensions), or
+///   A [..., m, k] · B [k, n]      -> C [..., m, n]   (one B shared by the batch: X·W_Q)
+/// VJP (G = dJ/dC):
+///   dA = G·Bᵀ
+///   dB = Aᵀ·G          (summed over the batch when B is shared)
+/// From C_ij = Σ_p A_ip B_pj: ∂J/∂A_ip = Σ_j G_ij B_pj and ∂J/∂B_pj = Σ_i A_ip G_ij.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -20,9 +21,9 @@ namespace tapegrad {
 struct MatMul {
     static constexpr std::string_view name = "matmul";
     using Settings = NoSettings;
-    using hooks_of = MatMul;  // declares `update` below
+    using hooks_of = MatMul;  ///< declares `update` below
 
-    // A shared B folds the batch into the rows of A: one (batch·m)×k by k×n product.
+    /// A shared B folds the batch into the rows of A: one (batch·m)×k by k×n product.
     struct Dims {
         std::size_t batch, m, k, n;
         bool shared_b;
@@ -64,8 +65,8 @@ struct MatMul {
         }
     }
 
-    // Speed hook (autodiff/op.hpp): a replay adds only what the changed entries change
-    // (C' = C + ΔA·B' + A·ΔB, see ops/fast/matmul_update.hpp).
+    /// Speed hook (autodiff/op.hpp): a replay adds only what the changed entries change
+    /// (C' = C + ΔA·B' + A·ΔB, see ops/fast/matmul_update.hpp).
     template <Scalar T>
     static bool update(const Settings&, Inputs<T> before, Inputs<T> after, const Tensor<T>& C, Tensor<T>& C_new) {
         return fast::matmul_update(dims(*before[0], *before[1]), before, after, C, C_new);

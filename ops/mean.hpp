@@ -1,13 +1,14 @@
-// mean: averages the elements along one axis, Y = (1/n)·Σ_j X[..., j, ...] (a per-row or
-// per-feature average, e.g. a mean over a sequence).
-//   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r), n = d_a -> Y with d_a removed (a rank-1 X
-//   gives a scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
-// Y[o, i] = (Σ_j X[o, j, i]) / n: the lane's total divided by n in T's own precision (one
-// correctly rounded division, so a 50-digit tape keeps its 50 digits).
-// VJP: dX[o, j, i] = G[o, i] / n.
-//   ∂Y[o, i]/∂X[o', j, i'] = δ_oo'·δ_ii'/n for every j (each element enters the average with
-//   weight 1/n), so dX[o', j, i'] = Σ_{o,i} G[o, i]·δ_oo'·δ_ii'/n = G[o', i']/n: sum_axis's
-//   broadcast of G, divided by n.
+/// \file
+/// mean: averages the elements along one axis, Y = (1/n)·Σ_j X[..., j, ...] (a per-row or
+/// per-feature average, e.g. a mean over a sequence).
+///   X [d0, ..., d(r−1)], rank 1..4, axis a in [−r, r), n = d_a -> Y with d_a removed (a rank-1 X
+///   gives a scalar) or kept as 1 (keepdims); lanes and shapes as in ops/axis.hpp.
+/// Y[o, i] = (Σ_j X[o, j, i]) / n: the lane's total divided by n in T's own precision (one
+/// correctly rounded division, so a 50-digit tape keeps its 50 digits).
+/// VJP: dX[o, j, i] = G[o, i] / n.
+///   ∂Y[o, i]/∂X[o', j, i'] = δ_oo'·δ_ii'/n for every j (each element enters the average with
+///   weight 1/n), so dX[o', j, i'] = Σ_{o,i} G[o, i]·δ_oo'·δ_ii'/n = G[o', i']/n: sum_axis's
+///   broadcast of G, divided by n.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -53,7 +54,7 @@ struct Mean {
     }
 };
 
-// The average along `axis` (in [−rank, rank)); keepdims keeps the axis as a dimension of size 1.
+/// The average along `axis` (in [−rank, rank)); keepdims keeps the axis as a dimension of size 1.
 template <Scalar T>
 Var<T> mean(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(Mean::name, X, axis, keepdims);

@@ -1,8 +1,9 @@
-// merge_heads: the inverse of split_heads; puts the heads' outputs side by side again before the
-// output projection W_O.
-//   X [..., H, T, dh] -> Y [..., T, H·dh]      (X of rank 3 or 4)
-//   Y_{b,t,h·dh+c} = X_{b,h,t,c}
-// VJP: dX_{b,h,t,c} = G_{b,t,h·dh+c}: the inverse permutation of G (that is split_heads).
+/// \file
+/// merge_heads: the inverse of split_heads; puts the heads' outputs side by side again before the
+/// output projection W_O.
+///   X [..., H, T, dh] -> Y [..., T, H·dh]      (X of rank 3 or 4)
+///   Y_{b,t,h·dh+c} = X_{b,h,t,c}
+/// VJP: dX_{b,h,t,c} = G_{b,t,h·dh+c}: the inverse permutation of G (that is split_heads).
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,9 +1,10 @@
-// mul: elementwise (Hadamard) product with NumPy broadcasting, C = A ∘ B (the spec's probe O ∘ G;
-// dropout's mask; a per-column gain [1, n] applied to a matrix [m, n]).
-//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
-// VJP: dA = G ∘ B, dB = G ∘ A, each summed over the axes along which that input was stretched.
-//   C_k = A_ia·B_ib, so ∂C_k/∂A_ia = B_ib and ∂C_k/∂B_ib = A_ia; an input element read by several
-//   output elements receives the sum: ∂J/∂A_i = Σ_{k → i} G_k·B_ib.
+/// \file
+/// mul: elementwise (Hadamard) product with NumPy broadcasting, C = A ∘ B (the spec's probe O ∘ G;
+/// dropout's mask; a per-column gain [1, n] applied to a matrix [m, n]).
+///   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+/// VJP: dA = G ∘ B, dB = G ∘ A, each summed over the axes along which that input was stretched.
+///   C_k = A_ia·B_ib, so ∂C_k/∂A_ia = B_ib and ∂C_k/∂B_ib = A_ia; an input element read by several
+///   output elements receives the sum: ∂J/∂A_i = Σ_{k → i} G_k·B_ib.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,6 +1,7 @@
-// neg: elementwise negation, Y = −X (the unary minus of ops/operators.hpp; c − a as shift(neg(a), c)).
-//   X [any shape] -> Y [same shape].
-// VJP: dX = −G  (∂Y_k/∂X_k = −1, and each Y_k depends on X_k alone).
+/// \file
+/// neg: elementwise negation, Y = −X (the unary minus of ops/operators.hpp; c − a as shift(neg(a), c)).
+///   X [any shape] -> Y [same shape].
+/// VJP: dX = −G  (∂Y_k/∂X_k = −1, and each Y_k depends on X_k alone).
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,13 +1,14 @@
-// permute: reorders the axes of a tensor ([B, T, H, dh] -> [B, H, T, dh] for per-head attention,
-// [T, B, D] -> [B, T, D] for batch-first data). transpose is the special case that swaps the
-// last two axes; split_heads/merge_heads also cut or join the feature axis.
-//   X [d_0, ..., d_{r-1}] -> Y [d_{π(0)}, ..., d_{π(r-1)}]   (r <= 4; Settings{axes = π, rank = r})
-//   Y[i_0, ..., i_{r-1}] = X[j]   with j_{π(k)} = i_k: output axis k is input axis π(k).
-// π must be a permutation of 0..r−1.
-// VJP: dX = permute(G, π⁻¹), π⁻¹(π(k)) = k. Each Y coordinate is one X coordinate, so
-// dX[j] = G[i] for the i with i_k = j_{π(k)}. permute(G, σ) reads G[i] at i_{σ(m)} = j_m; with
-// σ = π⁻¹ and m = π(k) that is i_k = j_{π(k)}, the same coordinate. (π itself in place of π⁻¹ is
-// right only when π is its own inverse, as a swap of two axes is; a cycle such as (1, 2, 0) is not.)
+/// \file
+/// permute: reorders the axes of a tensor ([B, T, H, dh] -> [B, H, T, dh] for per-head attention,
+/// [T, B, D] -> [B, T, D] for batch-first data). transpose is the special case that swaps the
+/// last two axes; split_heads/merge_heads also cut or join the feature axis.
+///   X [d_0, ..., d_{r-1}] -> Y [d_{π(0)}, ..., d_{π(r-1)}]   (r <= 4; Settings{axes = π, rank = r})
+///   Y[i_0, ..., i_{r-1}] = X[j]   with j_{π(k)} = i_k: output axis k is input axis π(k).
+/// π must be a permutation of 0..r−1.
+/// VJP: dX = permute(G, π⁻¹), π⁻¹(π(k)) = k. Each Y coordinate is one X coordinate, so
+/// dX[j] = G[i] for the i with i_k = j_{π(k)}. permute(G, σ) reads G[i] at i_{σ(m)} = j_m; with
+/// σ = π⁻¹ and m = π(k) that is i_k = j_{π(k)}, the same coordinate. (π itself in place of π⁻¹ is
+/// right only when π is its own inverse, as a swap of two axes is; a cycle such as (1, 2, 0) is not.)
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -27,7 +28,7 @@ namespace tapegrad {
 struct Permute {
     static constexpr std::string_view name = "permute";
 
-    // Output axis k is input axis axes[k], for k < rank (the entries beyond rank are unused).
+    /// Output axis k is input axis axes[k], for k < rank (the entries beyond rank are unused).
     struct Settings {
         std::array<std::size_t, max_rank> axes;
         std::size_t rank;
@@ -45,9 +46,9 @@ struct Permute {
         return Shape(std::span<const std::size_t>(dims.data(), s.rank));
     }
 
-    // Writes permute(x, s) into y, whose size is x's (it is not resized: forward sizes it, and a
-    // VJP writes into the gradient buffer the tape shaped like the input). The tensors are seen as
-    // rank 4 with leading axes of length 1, so four loops serve every rank.
+    /// Writes permute(x, s) into y, whose size is x's (it is not resized: forward sizes it, and a
+    /// VJP writes into the gradient buffer the tape shaped like the input). The tensors are seen as
+    /// rank 4 with leading axes of length 1, so four loops serve every rank.
     template <Scalar T>
     static void move_axes(const Tensor<T>& x, const Settings& s, Tensor<T>& y) {
         static_assert(max_rank == 4, "move_axes loops over four axes");
@@ -87,15 +88,15 @@ struct Permute {
     }
 };
 
-// "1, 0, 2", for messages.
+/// "1, 0, 2", for messages.
 inline std::string axes_text(std::span<const std::size_t> axes) {
     std::string text;
     for (std::size_t k = 0; k < axes.size(); ++k) text += (k ? ", " : "") + std::to_string(axes[k]);
     return text;
 }
 
-// X with its axes reordered: output axis k is X's axis axes[k]. shape_error when the number of
-// axes is not X's rank; value_error when `axes` is not a permutation of 0..rank−1.
+/// X with its axes reordered: output axis k is X's axis axes[k]. shape_error when the number of
+/// axes is not X's rank; value_error when `axes` is not a permutation of 0..rank−1.
 template <Scalar T>
 Var<T> permute(const Var<T>& X, std::span<const std::size_t> axes) {
     checks::non_empty(Permute::name, "X", X);

@@ -1,18 +1,19 @@
-// pow: a power with a constant exponent, elementwise, Y = A^p (squares, cubes, inverse square
-// roots p = −1/2, fractional powers of positive quantities).
-//   A [...] -> Y [...];  p a constant scalar held in the tape's own precision (Settings).
-// VJP: dA = G ∘ p·A^(p−1). For a > 0, a^p = e^(p ln a) gives d/da = (p/a)·a^p = p·a^(p−1); for an
-// integer p the same power rule holds at every a ≠ 0. A^(p−1) is computed directly, not as Y/A,
-// which would divide by zero at a = 0.
-// Domain, by the exponent:
-//   * p not an integer: a^p is real only for a ≥ 0; a negative value raises value_error.
-//   * p < 0: 0^p is infinite; a value 0 raises value_error.
-//   * p > 0: 0^p = 0, with derivative p·0^(p−1): 0 for p > 1, 1 for p = 1 (0^0 = 1), and
-//     infinite for 0 < p < 1 (√a at 0). There, as in ops/sqrt.hpp, the VJP raises value_error
-//     when the upstream gradient is non-zero and gives 0 when it is zero. For a non-integer p the
-//     derivative at 0 is the one-sided one (a^p is undefined to the left).
-//   * p = 0: Y = 1 everywhere (0^0 = 1, as std::pow), derivative 0.
-// A power that overflows to +inf (1e200² in double) raises value_error, as in ops/exp.hpp.
+/// \file
+/// pow: a power with a constant exponent, elementwise, Y = A^p (squares, cubes, inverse square
+/// roots p = −1/2, fractional powers of positive quantities).
+///   A [...] -> Y [...];  p a constant scalar held in the tape's own precision (Settings).
+/// VJP: dA = G ∘ p·A^(p−1). For a > 0, a^p = e^(p ln a) gives d/da = (p/a)·a^p = p·a^(p−1); for an
+/// integer p the same power rule holds at every a ≠ 0. A^(p−1) is computed directly, not as Y/A,
+/// which would divide by zero at a = 0.
+/// Domain, by the exponent:
+///   * p not an integer: a^p is real only for a ≥ 0; a negative value raises value_error.
+///   * p < 0: 0^p is infinite; a value 0 raises value_error.
+///   * p > 0: 0^p = 0, with derivative p·0^(p−1): 0 for p > 1, 1 for p = 1 (0^0 = 1), and
+///     infinite for 0 < p < 1 (√a at 0). There, as in ops/sqrt.hpp, the VJP raises value_error
+///     when the upstream gradient is non-zero and gives 0 when it is zero. For a non-integer p the
+///     derivative at 0 is the one-sided one (a^p is undefined to the left).
+///   * p = 0: Y = 1 everywhere (0^0 = 1, as std::pow), derivative 0.
+/// A power that overflows to +inf (1e200² in double) raises value_error, as in ops/exp.hpp.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -26,14 +27,14 @@ namespace tapegrad {
 struct Pow {
     static constexpr std::string_view name = "pow";
 
-    // The exponent in the tape's own precision (p = 1/3 rounded to double would cap a 50-digit
-    // graph at 16 digits).
+    /// The exponent in the tape's own precision (p = 1/3 rounded to double would cap a 50-digit
+    /// graph at 16 digits).
     template <Scalar T>
     struct Settings {
         T p;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded value, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded value, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.p)};
@@ -88,8 +89,8 @@ struct Pow {
     }
 };
 
-// p is not deduced, so pow(X, 2) and pow(X, 0.5) work on any tape; an exponent such as 1/3 should
-// be computed in the tape's precision (T(1) / T(3)).
+/// p is not deduced, so pow(X, 2) and pow(X, 0.5) work on any tape; an exponent such as 1/3 should
+/// be computed in the tape's precision (T(1) / T(3)).
 template <Scalar T>
 Var<T> pow(const Var<T>& A, const std::type_identity_t<T>& p) {
     checks::non_empty(Pow::name, "A", A);

@@ -1,6 +1,7 @@
-// reciprocal: elementwise 1/x, Y = 1 / X (c / a in ops/operators.hpp is scale(reciprocal(a), c)).
-//   X [any shape] -> Y [same shape]. A 0 anywhere in X is refused (value_error naming the index).
-// VJP: dX = −G ∘ Y²  (d(x⁻¹)/dx = −x⁻² = −(1/x)², read from the saved output Y).
+/// \file
+/// reciprocal: elementwise 1/x, Y = 1 / X (c / a in ops/operators.hpp is scale(reciprocal(a), c)).
+///   X [any shape] -> Y [same shape]. A 0 anywhere in X is refused (value_error naming the index).
+/// VJP: dX = −G ∘ Y²  (d(x⁻¹)/dx = −x⁻² = −(1/x)², read from the saved output Y).
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,9 +1,10 @@
-// relu: the rectified linear unit, elementwise, Y = max(A, 0).
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ [A > 0], since d max(a, 0)/da = 1 for a > 0 and 0 for a < 0.
-// At a = 0 there is a kink: the one-sided derivatives are 0 (left) and 1 (right). The VJP gives 0
-// there (PyTorch's and JAX's convention), a valid subgradient; the gradient checker reports such
-// a coordinate as AT A KINK (check/report.hpp, kink_threshold), neither a pass nor a failure.
+/// \file
+/// relu: the rectified linear unit, elementwise, Y = max(A, 0).
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ [A > 0], since d max(a, 0)/da = 1 for a > 0 and 0 for a < 0.
+/// At a = 0 there is a kink: the one-sided derivatives are 0 (left) and 1 (right). The VJP gives 0
+/// there (PyTorch's and JAX's convention), a valid subgradient; the gradient checker reports such
+/// a coordinate as AT A KINK (check/report.hpp, kink_threshold), neither a pass nor a failure.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -30,7 +31,7 @@ struct Relu {
         for (std::size_t k = 0; k < A.size(); ++k) dA[k] = A[k] > T(0) ? at.G[k] : T(0);
     }
 
-    // The branch element k took: A below, at or above 0 (autodiff/op.hpp).
+    /// The branch element k took: A below, at or above 0 (autodiff/op.hpp).
     template <Scalar T>
     static std::uint32_t branch(const Settings&, Inputs<T> in, std::size_t k) {
         return sign_class((*in[0])[k]);

@@ -1,9 +1,10 @@
-// reshape: gives a tensor a new shape with the same number of elements, reading it in row-major
-// order (flatten a batch of matrices into one, or split a flat vector into [B, T, D]).
-//   X [d_0, ..., d_{r-1}] -> Y [e_0, ..., e_{s-1}]   with Π d = Π e   (ranks 0..4; Settings{shape})
-//   Y_k = X_k for every flat (row-major) position k: the data is unchanged, only its shape is.
-// VJP: dX = G read with X's shape. Each Y_k is the one coordinate X_k, so ∂Y_k/∂X_l = δ_kl and
-// dX_l = Σ_k G_k δ_kl = G_l at the same flat position: G reshaped back.
+/// \file
+/// reshape: gives a tensor a new shape with the same number of elements, reading it in row-major
+/// order (flatten a batch of matrices into one, or split a flat vector into [B, T, D]).
+///   X [d_0, ..., d_{r-1}] -> Y [e_0, ..., e_{s-1}]   with Π d = Π e   (ranks 0..4; Settings{shape})
+///   Y_k = X_k for every flat (row-major) position k: the data is unchanged, only its shape is.
+/// VJP: dX = G read with X's shape. Each Y_k is the one coordinate X_k, so ∂Y_k/∂X_l = δ_kl and
+/// dX_l = Σ_k G_k δ_kl = G_l at the same flat position: G reshaped back.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -19,7 +20,7 @@ namespace tapegrad {
 struct Reshape {
     static constexpr std::string_view name = "reshape";
 
-    // The shape of the output (the input's shape is known from the input itself).
+    /// The shape of the output (the input's shape is known from the input itself).
     struct Settings {
         Shape shape;
     };
@@ -31,14 +32,14 @@ struct Reshape {
         std::copy(x.data().begin(), x.data().end(), out.data().begin());
     }
 
-    // `dX` is already shaped like X: the flat copy is the reshape back.
+    /// `dX` is already shaped like X: the flat copy is the reshape back.
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
         std::copy(at.G.data().begin(), at.G.data().end(), dX.data().begin());
     }
 };
 
-// X with shape `shape`, which must hold as many elements as X.
+/// X with shape `shape`, which must hold as many elements as X.
 template <Scalar T>
 Var<T> reshape(const Var<T>& X, const Shape& shape) {
     checks::non_empty(Reshape::name, "X", X);

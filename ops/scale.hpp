@@ -1,5 +1,6 @@
-// scale: multiplies by a constant, Y = c·X (the attention scale 1/√d; dropout's 1/(1-p)).
-// VJP: dX = c·G  (∂Y_i/∂X_i = c).
+/// \file
+/// scale: multiplies by a constant, Y = c·X (the attention scale 1/√d; dropout's 1/(1-p)).
+/// VJP: dX = c·G  (∂Y_i/∂X_i = c).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -12,14 +13,14 @@ namespace tapegrad {
 struct Scale {
     static constexpr std::string_view name = "scale";
 
-    // The factor in the tape's own precision (1/√d computed in double would cap a 50-digit graph
-    // at 16 digits).
+    /// The factor in the tape's own precision (1/√d computed in double would cap a 50-digit graph
+    /// at 16 digits).
     template <Scalar T>
     struct Settings {
         T c;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded value, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded value, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.c)};

@@ -1,6 +1,7 @@
-// shift: adds a constant to every element, Y = X + c (a + 1.0 and 1.0 − a in ops/operators.hpp).
-//   X [any shape] -> Y [same shape]; c a finite number in the tape's precision.
-// VJP: dX = G  (∂Y_k/∂X_k = 1; the constant has no gradient).
+/// \file
+/// shift: adds a constant to every element, Y = X + c (a + 1.0 and 1.0 − a in ops/operators.hpp).
+///   X [any shape] -> Y [same shape]; c a finite number in the tape's precision.
+/// VJP: dX = G  (∂Y_k/∂X_k = 1; the constant has no gradient).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -12,13 +13,13 @@ namespace tapegrad {
 struct Shift {
     static constexpr std::string_view name = "shift";
 
-    // The constant in the tape's own precision (a 50-digit 1/3 stays 50 digits).
+    /// The constant in the tape's own precision (a 50-digit 1/3 stays 50 digits).
     template <Scalar T>
     struct Settings {
         T c;
     };
-    // The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    // recorded value, held exactly (float and double are exact in mp50).
+    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
+    /// recorded value, held exactly (float and double are exact in mp50).
     template <Scalar U, Scalar T>
     static Settings<U> settings_as(const Settings<T>& s) {
         return {U(s.c)};

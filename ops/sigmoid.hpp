@@ -1,13 +1,14 @@
-// sigmoid: the logistic function, elementwise, Y = σ(A) = 1 / (1 + e^(−A)) (gates, probabilities
-// of binary events; values in (0, 1)).
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ σ'(A), σ'(a) = e^(−a) / (1 + e^(−a))² = e^(−|a|) / (1 + e^(−|a|))² (even in a).
-// Not as Y ∘ (1 − Y): where σ saturates Y rounds to 1 and 1 − Y to 0, so that form loses every
-// digit of the derivative (in float from |a| ≈ 17 on: e^(−17) is below float's unit roundoff),
-// while e^(−|a|) keeps them all (the precision audit's fault control, tests/test_audit.cpp).
-// Stable for any |a|: e^(−|a|) is the only exponential taken, so it never overflows:
-//   a ≥ 0: σ(a) = 1 / (1 + e^(−a)),    a < 0: σ(a) = e^a / (1 + e^a).
-// In double σ(±1e4) is exactly 1 and 0 with derivative 0, never NaN; σ(±inf) = 1, 0.
+/// \file
+/// sigmoid: the logistic function, elementwise, Y = σ(A) = 1 / (1 + e^(−A)) (gates, probabilities
+/// of binary events; values in (0, 1)).
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ σ'(A), σ'(a) = e^(−a) / (1 + e^(−a))² = e^(−|a|) / (1 + e^(−|a|))² (even in a).
+/// Not as Y ∘ (1 − Y): where σ saturates Y rounds to 1 and 1 − Y to 0, so that form loses every
+/// digit of the derivative (in float from |a| ≈ 17 on: e^(−17) is below float's unit roundoff),
+/// while e^(−|a|) keeps them all (the precision audit's fault control, tests/test_audit.cpp).
+/// Stable for any |a|: e^(−|a|) is the only exponential taken, so it never overflows:
+///   a ≥ 0: σ(a) = 1 / (1 + e^(−a)),    a < 0: σ(a) = e^a / (1 + e^a).
+/// In double σ(±1e4) is exactly 1 and 0 with derivative 0, never NaN; σ(±inf) = 1, 0.
 #pragma once
 
 #include "autodiff/instances.hpp"

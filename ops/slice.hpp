@@ -1,13 +1,14 @@
-// slice: keeps the positions [begin, end) of one axis (the last n time steps, one head's columns,
-// the first rows of a batch).
-//   X [..., d, ...] -> Y [..., end − begin, ...]   (d on axis `axis`; Settings{axis, begin, end})
-//   Y[..., j, ...] = X[..., begin + j, ...]        for 0 <= j < end − begin
-// axis may count from the back (−1 is the last axis); 0 <= begin < end <= d.
-// VJP: G placed into zeros at [begin, end):
-//   dX[..., p, ...] = G[..., p − begin, ...]   for begin <= p < end,   0 elsewhere.
-// Each Y coordinate is one X coordinate, so ∂Y[.., j, ..]/∂X[.., p, ..] = δ_{p, begin+j} (same
-// other indices) and dX[.., p, ..] = Σ_j G[.., j, ..] δ_{p, begin+j}; a position outside the
-// range reaches no output and gets no gradient.
+/// \file
+/// slice: keeps the positions [begin, end) of one axis (the last n time steps, one head's columns,
+/// the first rows of a batch).
+///   X [..., d, ...] -> Y [..., end − begin, ...]   (d on axis `axis`; Settings{axis, begin, end})
+///   Y[..., j, ...] = X[..., begin + j, ...]        for 0 <= j < end − begin
+/// axis may count from the back (−1 is the last axis); 0 <= begin < end <= d.
+/// VJP: G placed into zeros at [begin, end):
+///   dX[..., p, ...] = G[..., p − begin, ...]   for begin <= p < end,   0 elsewhere.
+/// Each Y coordinate is one X coordinate, so ∂Y[.., j, ..]/∂X[.., p, ..] = δ_{p, begin+j} (same
+/// other indices) and dX[.., p, ..] = Σ_j G[.., j, ..] δ_{p, begin+j}; a position outside the
+/// range reaches no output and gets no gradient.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -28,7 +29,7 @@ namespace tapegrad {
 struct Slice {
     static constexpr std::string_view name = "slice";
 
-    // The axis (already counted from the front) and the range kept on it.
+    /// The axis (already counted from the front) and the range kept on it.
     struct Settings {
         std::size_t axis;
         std::size_t begin;
@@ -58,9 +59,9 @@ struct Slice {
     }
 };
 
-// Positions [begin, end) of X's axis `axis` (negative counts from the back).
-// shape_error when the axis does not exist or end exceeds its dimension; value_error when the
-// range is empty or reversed (begin >= end).
+/// Positions [begin, end) of X's axis `axis` (negative counts from the back).
+/// shape_error when the axis does not exist or end exceeds its dimension; value_error when the
+/// range is empty or reversed (begin >= end).
 template <Scalar T>
 Var<T> slice(const Var<T>& X, std::ptrdiff_t axis, std::size_t begin, std::size_t end) {
     checks::non_empty(Slice::name, "X", X);

@@ -1,13 +1,14 @@
-// softmax: normalises each row (the last dimension) into weights, A_ij = exp(S_ij) / Σ_k exp(S_ik).
-//   S [..., m, n] -> A [..., m, n]; each row of A is non-negative and sums to one.
-// The row maximum is subtracted first, so scores of ±1e4 and beyond never overflow.
-// Hidden positions carry -inf (see ops/mask.hpp) and get weight exactly 0. A row hidden
-// entirely has no distribution to normalise: its weights are defined as all zero (so it reads
-// nothing and passes no gradient), never NaN. +inf or NaN scores are refused with value_error.
-// VJP, from the saved output A (G = dJ/dA):
-//   dS_ij = A_ij (G_ij − Σ_k G_ik A_ik)
-// because ∂A_ij/∂S_ik = A_ij(δ_jk − A_ik): δ_jk from the numerator, −A_ij A_ik from the shared
-// denominator Z. Dropping the denominator path would give A ∘ G, whose rows no longer sum to 0.
+/// \file
+/// softmax: normalises each row (the last dimension) into weights, A_ij = exp(S_ij) / Σ_k exp(S_ik).
+///   S [..., m, n] -> A [..., m, n]; each row of A is non-negative and sums to one.
+/// The row maximum is subtracted first, so scores of ±1e4 and beyond never overflow.
+/// Hidden positions carry -inf (see ops/mask.hpp) and get weight exactly 0. A row hidden
+/// entirely has no distribution to normalise: its weights are defined as all zero (so it reads
+/// nothing and passes no gradient), never NaN. +inf or NaN scores are refused with value_error.
+/// VJP, from the saved output A (G = dJ/dA):
+///   dS_ij = A_ij (G_ij − Σ_k G_ik A_ik)
+/// because ∂A_ij/∂S_ik = A_ij(δ_jk − A_ik): δ_jk from the numerator, −A_ij A_ik from the shared
+/// denominator Z. Dropping the denominator path would give A ∘ G, whose rows no longer sum to 0.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -26,9 +27,9 @@ namespace tapegrad {
 struct Softmax {
     static constexpr std::string_view name = "softmax";
     using Settings = NoSettings;
-    using hooks_of = Softmax;  // declares `update` below
+    using hooks_of = Softmax;  ///< declares `update` below
 
-    // The largest score of row r, refusing NaN and +inf.
+    /// The largest score of row r, refusing NaN and +inf.
     template <Scalar T>
     static T checked_row_max(const Tensor<T>& S, std::size_t r) {
         const std::size_t n = S.cols();
@@ -51,7 +52,7 @@ struct Softmax {
         return row_max;
     }
 
-    // One row: weights = exp(scores − max) / Σ exp(scores − max).
+    /// One row: weights = exp(scores − max) / Σ exp(scores − max).
     template <Scalar T>
     static void normalise_row(const Tensor<T>& S, std::size_t r, T* weights) {
         using std::exp;
@@ -91,13 +92,13 @@ struct Softmax {
         });
     }
 
-    // Rows per chunk over the library's threads: about 16K elements (an exp each), so a chunk is
-    // tens of microseconds; each row is computed as one thread computes it.
+    /// Rows per chunk over the library's threads: about 16K elements (an exp each), so a chunk is
+    /// tens of microseconds; each row is computed as one thread computes it.
     static std::size_t row_grain(std::size_t n) { return std::max<std::size_t>(1, (std::size_t{1} << 14) / n); }
 
-    // Speed hook (autodiff/op.hpp): a row of A depends only on its row of S, so an unchanged row
-    // keeps its recorded weights (bit for bit what forward computes) and a row moved by a tiny δ is
-    // rescaled by e^δ without exp (ops/fast/softmax_rows.hpp); anything else is normalised again.
+    /// Speed hook (autodiff/op.hpp): a row of A depends only on its row of S, so an unchanged row
+    /// keeps its recorded weights (bit for bit what forward computes) and a row moved by a tiny δ is
+    /// rescaled by e^δ without exp (ops/fast/softmax_rows.hpp); anything else is normalised again.
     template <Scalar T>
     static bool update(const Settings&, Inputs<T> before, Inputs<T> after, const Tensor<T>& A, Tensor<T>& A_new) {
         const Tensor<T>& S_old = *before[0];
@@ -129,7 +130,7 @@ struct Softmax {
         });
     }
 
-    // dS_ij = A_ij (G_ij − Σ_k G_ik A_ik) for one row.
+    /// dS_ij = A_ij (G_ij − Σ_k G_ik A_ik) for one row.
     template <Scalar T>
     static void vjp_row(const T* weights, const T* upstream, std::size_t n, T* out) {
         if constexpr (has_compiled_kernels<T>) {

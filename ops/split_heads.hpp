@@ -1,9 +1,10 @@
-// split_heads: cuts the feature dimension into H heads and moves the head axis in front of time,
-// so every head becomes one matrix of the batch (per-head attention is then batched matmuls).
-//   X [..., T, H·dh] -> Y [..., H, T, dh]      (X of rank 2 or 3; Settings{heads = H})
-//   Y_{b,h,t,c} = X_{b,t,h·dh+c}
-// VJP: dX_{b,t,h·dh+c} = G_{b,h,t,c}: a pure permutation, so the gradient is the inverse
-// permutation of G (that is merge_heads).
+/// \file
+/// split_heads: cuts the feature dimension into H heads and moves the head axis in front of time,
+/// so every head becomes one matrix of the batch (per-head attention is then batched matmuls).
+///   X [..., T, H·dh] -> Y [..., H, T, dh]      (X of rank 2 or 3; Settings{heads = H})
+///   Y_{b,h,t,c} = X_{b,t,h·dh+c}
+/// VJP: dX_{b,t,h·dh+c} = G_{b,h,t,c}: a pure permutation, so the gradient is the inverse
+/// permutation of G (that is merge_heads).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -18,8 +19,8 @@ namespace tapegrad {
 
 namespace detail {
 
-// Moves between [B, T, H, dh] (features grouped by head) and [B, H, T, dh]. `to_heads` reads the
-// first layout and writes the second; otherwise the reverse.
+/// Moves between [B, T, H, dh] (features grouped by head) and [B, H, T, dh]. `to_heads` reads the
+/// first layout and writes the second; otherwise the reverse.
 template <Scalar T>
 void permute_heads(const T* source, T* target, std::size_t batch, std::size_t H, std::size_t time, std::size_t dh,
                    bool to_heads) {

@@ -1,11 +1,12 @@
-// sqrt: the square root, elementwise, Y = √A, for A ≥ 0 (norms, standard deviations).
-//   A [...] -> Y [...]
-// VJP: dA = G / (2Y), since d√a/da = 1/(2√a) = 1/(2y): the saved output is all it needs.
-// A negative value raises value_error naming the value and its index (its root is NaN).
-// At A = 0 the value is 0 but the derivative 1/(2√a) is infinite: the VJP raises value_error
-// there when the upstream gradient is non-zero (the gradient does not exist; an infinite one would
-// only turn into NaN later), and gives 0 when it is zero (J does not depend on that entry through
-// this op, so nothing flows).
+/// \file
+/// sqrt: the square root, elementwise, Y = √A, for A ≥ 0 (norms, standard deviations).
+///   A [...] -> Y [...]
+/// VJP: dA = G / (2Y), since d√a/da = 1/(2√a) = 1/(2y): the saved output is all it needs.
+/// A negative value raises value_error naming the value and its index (its root is NaN).
+/// At A = 0 the value is 0 but the derivative 1/(2√a) is infinite: the VJP raises value_error
+/// there when the upstream gradient is non-zero (the gradient does not exist; an infinite one would
+/// only turn into NaN later), and gives 0 when it is zero (J does not depend on that entry through
+/// this op, so nothing flows).
 #pragma once
 
 #include "autodiff/instances.hpp"

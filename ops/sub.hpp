@@ -1,9 +1,10 @@
-// sub: elementwise difference with NumPy broadcasting, C = A − B (a residual; a mean subtracted
-// from every row).
-//   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
-// VJP: dA = G, dB = −G, each summed over the axes along which that input was stretched.
-//   C_k = A_ia − B_ib, so ∂C_k/∂A_ia = 1 and ∂C_k/∂B_ib = −1; an input element read by several
-//   output elements receives the sum of their contributions: ∂J/∂B_i = −Σ_{k → i} G_k.
+/// \file
+/// sub: elementwise difference with NumPy broadcasting, C = A − B (a residual; a mean subtracted
+/// from every row).
+///   A, B of shapes that broadcast (ops/broadcast.hpp) -> C of the broadcast shape.
+/// VJP: dA = G, dB = −G, each summed over the axes along which that input was stretched.
+///   C_k = A_ia − B_ib, so ∂C_k/∂A_ia = 1 and ∂C_k/∂B_ib = −1; an input element read by several
+///   output elements receives the sum of their contributions: ∂J/∂B_i = −Σ_{k → i} G_k.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,7 +1,8 @@
-// sum: adds every element into a scalar, J = Σ_k X_k (with mul, the probe J = Σ O ∘ G).
-// VJP: dX = G·1  (G is the scalar upstream gradient; every ∂J/∂X_k = 1).
-// sum(X, axis, keepdims) adds along one axis only: the op sum_axis, in ops/sum_axis.hpp, included
-// here so that both overloads of sum come with this header.
+/// \file
+/// sum: adds every element into a scalar, J = Σ_k X_k (with mul, the probe J = Σ O ∘ G).
+/// VJP: dX = G·1  (G is the scalar upstream gradient; every ∂J/∂X_k = 1).
+/// sum(X, axis, keepdims) adds along one axis only: the op sum_axis, in ops/sum_axis.hpp, included
+/// here so that both overloads of sum come with this header.
 #pragma once
 
 #include "autodiff/instances.hpp"

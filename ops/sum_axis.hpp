@@ -1,15 +1,16 @@
-// sum_axis: adds the elements along one axis, Y = Σ_j X[..., j, ...] (a per-row or per-column total;
-// sum(X, axis) calls it). The axis arithmetic every reduction along an axis shares is in ops/axis.hpp
-// (namespace reduction: the settings, the axis check, the reduced shape; axes::View: the lanes).
-//   X [d0, ..., d(r−1)], rank r in 1..4, axis a in [−r, r) (negative counts from the end, as NumPy)
-//   -> Y with d_a removed (rank r − 1; a rank-1 X gives a rank-0 scalar), or kept as 1 (keepdims).
-// A row-major X is outer × n × inner around the axis (n = d_a, outer = d0⋯d(a−1),
-// inner = d(a+1)⋯d(r−1)); a lane is one (o, i) pair, the n elements X[o, j, i] that make one
-// output Y[o, i] (flat o·inner + i, with or without the kept 1).
-// VJP: dX[o, j, i] = G[o, i]: G broadcast back along the axis.
-//   Y[o, i] = Σ_j X[o, j, i], so ∂Y[o, i]/∂X[o', j, i'] = δ_oo'·δ_ii' for every j, and
-//   dX[o', j, i'] = Σ_{o,i} G[o, i]·∂Y[o, i]/∂X[o', j, i'] = G[o', i']. keepdims changes only
-//   the shape of G (a 1 where the axis was), not its flat order.
+/// \file
+/// sum_axis: adds the elements along one axis, Y = Σ_j X[..., j, ...] (a per-row or per-column total;
+/// sum(X, axis) calls it). The axis arithmetic every reduction along an axis shares is in ops/axis.hpp
+/// (namespace reduction: the settings, the axis check, the reduced shape; axes::View: the lanes).
+///   X [d0, ..., d(r−1)], rank r in 1..4, axis a in [−r, r) (negative counts from the end, as NumPy)
+///   -> Y with d_a removed (rank r − 1; a rank-1 X gives a rank-0 scalar), or kept as 1 (keepdims).
+/// A row-major X is outer × n × inner around the axis (n = d_a, outer = d0⋯d(a−1),
+/// inner = d(a+1)⋯d(r−1)); a lane is one (o, i) pair, the n elements X[o, j, i] that make one
+/// output Y[o, i] (flat o·inner + i, with or without the kept 1).
+/// VJP: dX[o, j, i] = G[o, i]: G broadcast back along the axis.
+///   Y[o, i] = Σ_j X[o, j, i], so ∂Y[o, i]/∂X[o', j, i'] = δ_oo'·δ_ii' for every j, and
+///   dX[o', j, i'] = Σ_{o,i} G[o, i]·∂Y[o, i]/∂X[o', j, i'] = G[o', i']. keepdims changes only
+///   the shape of G (a 1 where the axis was), not its flat order.
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -57,7 +58,7 @@ struct SumAxis {
     }
 };
 
-// Σ along `axis` (in [−rank, rank)); keepdims keeps the axis as a dimension of size 1.
+/// Σ along `axis` (in [−rank, rank)); keepdims keeps the axis as a dimension of size 1.
 template <Scalar T>
 Var<T> sum(const Var<T>& X, int axis, bool keepdims = false) {
     const reduction::Settings s = reduction::checked(SumAxis::name, X, axis, keepdims);

@@ -1,9 +1,10 @@
-// tanh: the hyperbolic tangent, elementwise, Y = tanh(A) (a bounded nonlinearity, values in (−1, 1)).
-//   A [...] -> Y [...]
-// VJP: dA = G ∘ tanh'(A), tanh'(a) = 1/cosh²(a) = 4e^(−2|a|) / (1 + e^(−2|a|))² (even in a).
-// Not as 1 − Y²: where tanh saturates Y rounds to ±1 and 1 − Y² to 0, losing every digit of the
-// derivative (in float from |a| ≈ 9 on), while e^(−2|a|) keeps them all (as sigmoid's VJP;
-// check/audit.hpp measures such losses). tanh(±inf) = ±1 with derivative 0, never NaN.
+/// \file
+/// tanh: the hyperbolic tangent, elementwise, Y = tanh(A) (a bounded nonlinearity, values in (−1, 1)).
+///   A [...] -> Y [...]
+/// VJP: dA = G ∘ tanh'(A), tanh'(a) = 1/cosh²(a) = 4e^(−2|a|) / (1 + e^(−2|a|))² (even in a).
+/// Not as 1 − Y²: where tanh saturates Y rounds to ±1 and 1 − Y² to 0, losing every digit of the
+/// derivative (in float from |a| ≈ 9 on), while e^(−2|a|) keeps them all (as sigmoid's VJP;
+/// check/audit.hpp measures such losses). tanh(±inf) = ±1 with derivative 0, never NaN.
 #pragma once
 
 #include "autodiff/instances.hpp"

@@ -1,6 +1,7 @@
-// transpose: swaps the last two dimensions, per matrix of a batch.
-//   X [..., m, n] -> Y [..., n, m],  Y_ji = X_ij
-// VJP: dX = Gᵀ  (each output coordinate is one input coordinate, moved back).
+/// \file
+/// transpose: swaps the last two dimensions, per matrix of a batch.
+///   X [..., m, n] -> Y [..., n, m],  Y_ji = X_ij
+/// VJP: dX = Gᵀ  (each output coordinate is one input coordinate, moved back).
 #pragma once
 
 #include "autodiff/instances.hpp"
@@ -25,8 +26,8 @@ struct Transpose {
         for (std::size_t b = 0; b < batch; ++b, source += m * n, target += m * n) copy_transposed(source, m, n, target);
     }
 
-    // target (n×m) = sourceᵀ (m×n), tile by tile: copied row by row, the writes stride by m, and
-    // at m = 256 doubles they fall into a few cache sets (7% of an attention step at T = 256).
+    /// target (n×m) = sourceᵀ (m×n), tile by tile: copied row by row, the writes stride by m, and
+    /// at m = 256 doubles they fall into a few cache sets (7% of an attention step at T = 256).
     template <Scalar T>
     static void copy_transposed(const T* source, std::size_t m, std::size_t n, T* target) {
         constexpr std::size_t tile = 16;

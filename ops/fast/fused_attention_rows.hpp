@@ -1,11 +1,12 @@
-// Row kernels of the fused attention op (ops/fused_attention.hpp), here only for speed: the
-// elementwise work on a tile row (exp above all) would otherwise cost as much as the tile products.
-// float and double go to the library's compiled kernels (Eigen's vectorised arrays, compiled per
-// instruction-set level: autodiff/cpu.hpp); any other scalar (the 50-digit reference
-// type) takes a plain loop with the ADL functions of its own precision.
-// INVARIANT: each kernel computes the same expression per element as its plain loop and as the
-// composed graph's ops, so the vectorised results equal the generic ones to rounding (Eigen's exp
-// is within an ulp or two of std::exp; sums may be added in a different order).
+/// \file
+/// Row kernels of the fused attention op (ops/fused_attention.hpp), here only for speed: the
+/// elementwise work on a tile row (exp above all) would otherwise cost as much as the tile products.
+/// float and double go to the library's compiled kernels (Eigen's vectorised arrays, compiled per
+/// instruction-set level: autodiff/cpu.hpp); any other scalar (the 50-digit reference
+/// type) takes a plain loop with the ADL functions of its own precision.
+/// INVARIANT: each kernel computes the same expression per element as its plain loop and as the
+/// composed graph's ops, so the vectorised results equal the generic ones to rounding (Eigen's exp
+/// is within an ulp or two of std::exp; sums may be added in a different order).
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -20,7 +21,7 @@ namespace tapegrad::fused_detail {
 template <Scalar T>
 inline constexpr bool vectorised = has_compiled_kernels<T>;
 
-// x[k] = exp(x[k] − shift) for k < n.
+/// x[k] = exp(x[k] − shift) for k < n.
 template <Scalar T>
 void exp_shifted(T* x, std::size_t n, const T& shift) {
     if constexpr (vectorised<T>) {
@@ -31,7 +32,7 @@ void exp_shifted(T* x, std::size_t n, const T& shift) {
     }
 }
 
-// x[k] = c·x[k] for k < n; returns the first k with a non-finite result, or n.
+/// x[k] = c·x[k] for k < n; returns the first k with a non-finite result, or n.
 template <Scalar T>
 std::size_t scale_checked(T* x, std::size_t n, const T& c) {
     if constexpr (vectorised<T>) {
@@ -44,7 +45,7 @@ std::size_t scale_checked(T* x, std::size_t n, const T& c) {
     return n;
 }
 
-// max(start, x[0..n)).
+/// max(start, x[0..n)).
 template <Scalar T>
 T max_of(const T* x, std::size_t n, const T& start) {
     if constexpr (vectorised<T>) {
@@ -56,7 +57,7 @@ T max_of(const T* x, std::size_t n, const T& start) {
     }
 }
 
-// Σ x[0..n).
+/// Σ x[0..n).
 template <Scalar T>
 T sum_of(const T* x, std::size_t n) {
     if constexpr (vectorised<T>) {
@@ -68,7 +69,7 @@ T sum_of(const T* x, std::size_t n) {
     }
 }
 
-// p[k] = c·(p[k]·(dp[k] − mean)) for k < n: softmax's VJP, then the scale's.
+/// p[k] = c·(p[k]·(dp[k] − mean)) for k < n: softmax's VJP, then the scale's.
 template <Scalar T>
 void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T& c) {
     if constexpr (vectorised<T>) {

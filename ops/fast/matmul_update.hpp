@@ -1,14 +1,15 @@
-// Speed only: matmul's replay update (the `update` hook of autodiff/op.hpp), kept out of
-// ops/matmul.hpp so that the op file reads as its formula, forward and VJP.
-//
-// The checker perturbs one coordinate at a time and replays the graph in 50-digit arithmetic; a
-// full product per replay would be most of its time. From
-//   C' = A'·B' = A·B + ΔA·B' + A·ΔB       (ΔA = A' − A, ΔB = B' − B; exact algebra),
-// each changed entry ΔA_ip adds ΔA_ip·B'_pj to row i of C (n madds) and each ΔB_pj adds
-// A_ip·ΔB_pj to column j (m madds), instead of m·k·n for the whole product.
-// Invariant (autodiff/op.hpp): the result equals MatMul::forward on the new inputs to rounding in
-// the last digit of C, far below what the checker resolves (the op tables compare replays with a fresh forward: tests/support.hpp).
-// Declines (returns false) when the changes are dense enough that the full product is cheaper.
+/// \file
+/// Speed only: matmul's replay update (the `update` hook of autodiff/op.hpp), kept out of
+/// ops/matmul.hpp so that the op file reads as its formula, forward and VJP.
+///
+/// The checker perturbs one coordinate at a time and replays the graph in 50-digit arithmetic; a
+/// full product per replay would be most of its time. From
+///   C' = A'·B' = A·B + ΔA·B' + A·ΔB       (ΔA = A' − A, ΔB = B' − B; exact algebra),
+/// each changed entry ΔA_ip adds ΔA_ip·B'_pj to row i of C (n madds) and each ΔB_pj adds
+/// A_ip·ΔB_pj to column j (m madds), instead of m·k·n for the whole product.
+/// Invariant (autodiff/op.hpp): the result equals MatMul::forward on the new inputs to rounding in
+/// the last digit of C, far below what the checker resolves (the op tables compare replays with a fresh forward: tests/support.hpp).
+/// Declines (returns false) when the changes are dense enough that the full product is cheaper.
 #pragma once
 
 #include "autodiff/op.hpp"
@@ -18,7 +19,7 @@
 
 namespace tapegrad::fast {
 
-// `d` is MatMul::Dims: batch, m, k, n, and whether one B is shared by the batch.
+/// `d` is MatMul::Dims: batch, m, k, n, and whether one B is shared by the batch.
 template <class Dims, Scalar T>
 bool matmul_update(const Dims& d, Inputs<T> before, Inputs<T> after, const Tensor<T>& C, Tensor<T>& C_new) {
     struct Change {
