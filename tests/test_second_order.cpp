@@ -1,5 +1,6 @@
 // Forward mode and second order: the Dual scalar (its rules, limits and strong zero next to −inf),
-// dual products through the real kernels, jvp / hvp / hessian, the 50-digit JVP and HVP checks on
+// dual products through the real kernels, jvp / hvp / hessian (every Hessian column against an
+// independent 50-digit HVP, with a symmetric-but-wrong fault control), the 50-digit JVP and HVP checks on
 // the attention graphs (composed and fused, causal with offset, multi-head with W_O,
 // cross-entropy), and the fault controls each check must reject.
 #define BOOST_TEST_MODULE second_order
@@ -181,6 +182,114 @@ BOOST_AUTO_TEST_CASE(the_hessian_is_symmetric_and_agrees_across_precisions) {
             BOOST_TEST(to_double(mp50(abs(H_mp(i, j) - H_mp(j, i)))) <= 1e-45);
             BOOST_TEST(std::abs(H(i, j) - to_double(H_mp(i, j))) <= 1e-9);
         }
+}
+
+// The 50-digit gradient of `graph` at `x`, flattened leaf after leaf (the Hessian's coordinates).
+template <std::size_t N, class Graph>
+std::vector<mp50> gradient_at_50_digits(const Graph& graph, const std::array<Tensor<mp50>, N>& x) {
+    Tape<mp50> tape;
+    std::array<Var<mp50>, N> vars;
+    for (std::size_t l = 0; l < N; ++l) vars[l] = tape.leaf(x[l], fmt::format("x{}", l));
+    tape.backward(graph(vars));
+    std::vector<mp50> g;
+    for (const Var<mp50>& v : vars) g.insert(g.end(), v.grad().data().begin(), v.grad().data().end());
+    return g;
+}
+
+// Every column c of hessian(graph, x), at double and at 50 digits, against an HVP computed
+// independently of the dual numbers: the 50-digit central difference of the 50-digit gradient
+// along e_c, (∇J(x + h·e_c) − ∇J(x − h·e_c)) / 2h. The thresholds are check_hvp's (derived in
+// check/second_order.hpp): h = 1e-14 leaves a truncation of 1.7e-29·|∂⁴J| and a rounding of 5e-37,
+// so 1e-25 on the mixed error for the 50-digit Hessian and 1e-9 for the double one. Also H·v for
+// random v against hvp(graph, x, v) (50 digits, 1e-40: both are sums of ~1e-49 roundings), which
+// holds the columns' order and placement. Returns the worst mixed errors (50-digit, double).
+template <std::size_t N, class Graph>
+std::pair<double, double> hessian_column_errors(const Graph& graph, const std::array<Tensor<double>, N>& x) {
+    std::array<Tensor<mp50>, N> x_mp;
+    for (std::size_t l = 0; l < N; ++l) x_mp[l] = tensor_cast<mp50>(x[l]);
+    const Tensor<double> H = hessian(graph, x);
+    const Tensor<mp50> H_mp = hessian(graph, x_mp);
+    const mp50 h(1e-14);
+    const auto mixed = [](const mp50& a, const mp50& n) {
+        return to_double(mp50(abs(a - n) / std::max(mp50(1), mp50(abs(n)))));
+    };
+    double worst_mp = 0, worst_double = 0;
+    std::size_t c = 0;
+    for (std::size_t l = 0; l < N; ++l) {
+        for (std::size_t k = 0; k < x[l].size(); ++k, ++c) {
+            std::array<Tensor<mp50>, N> plus = x_mp, minus = x_mp;
+            plus[l][k] += h;
+            minus[l][k] -= h;
+            const std::vector<mp50> g_plus = gradient_at_50_digits(graph, plus),
+                                    g_minus = gradient_at_50_digits(graph, minus);
+            for (std::size_t r = 0; r < H.rows(); ++r) {
+                const mp50 numeric = (g_plus[r] - g_minus[r]) / (2 * h);
+                worst_mp = std::max(worst_mp, mixed(H_mp(r, c), numeric));
+                worst_double = std::max(worst_double, mixed(mp50(H(r, c)), numeric));
+            }
+        }
+    }
+    BOOST_TEST(c == H.rows());
+    std::mt19937_64 rng(c);
+    for (int trial = 0; trial < 3; ++trial) {
+        std::array<Tensor<mp50>, N> v;
+        for (std::size_t l = 0; l < N; ++l) v[l] = tensor_cast<mp50>(random_tensor(x[l].shape(), rng));
+        const HvpResult<mp50, N> direct = hvp(graph, x_mp, v);
+        std::size_t r = 0;
+        for (std::size_t l = 0; l < N; ++l)
+            for (std::size_t k = 0; k < x[l].size(); ++k, ++r) {
+                mp50 Hv(0);
+                std::size_t j = 0;
+                for (std::size_t m = 0; m < N; ++m)
+                    for (std::size_t i = 0; i < x[m].size(); ++i, ++j) Hv += H_mp(r, j) * v[m][i];
+                BOOST_TEST(mixed(Hv, direct.Hv[l][k]) <= 1e-40);
+            }
+    }
+    return {worst_mp, worst_double};
+}
+
+// The Hessian's columns against independent HVPs on two graphs: J = Σ tanh(X·W) ∘ X, and a
+// layer-norm, GELU and cross-entropy block over four leaves of different shapes (so a column
+// placed in the wrong leaf's block would show).
+BOOST_AUTO_TEST_CASE(every_hessian_column_equals_an_independent_hvp) {
+    std::mt19937_64 rng(15);
+    const auto small = [](auto in) { return sum(mul(tanh(matmul(in[0], in[1])), in[0])); };
+    const std::array<Tensor<double>, 2> x_small{random_tensor(Shape{2, 3}, rng), random_tensor(Shape{3, 3}, rng)};
+    const std::vector<std::size_t> targets{1, 0};
+    const auto block = [&targets](auto in) {
+        return cross_entropy(matmul(gelu(layer_norm(in[0], in[1], in[2])), in[3]),
+                             std::span<const std::size_t>(targets));
+    };
+    Tensor<double> gain = random_tensor(Shape{3}, rng);
+    for (double& g : gain.data()) g += 1.5;  // in [0.5, 2.5]
+    const std::array<Tensor<double>, 4> x_block{random_tensor(Shape{2, 3}, rng), gain, random_tensor(Shape{3}, rng),
+                                                random_tensor(Shape{3, 2}, rng)};
+    const auto [small_mp, small_double] = hessian_column_errors(small, x_small);
+    const auto [block_mp, block_double] = hessian_column_errors(block, x_block);
+    BOOST_TEST(small_mp <= 1e-25);
+    BOOST_TEST(small_double <= 1e-9);
+    BOOST_TEST(block_mp <= 1e-25);
+    BOOST_TEST(block_double <= 1e-9);
+    BOOST_TEST_MESSAGE("Hessian columns against differences of the 50-digit gradient: tanh graph (15x15) 50-digit "
+                       << small_mp << ", double " << small_double << "; layer-norm block (18x18) 50-digit " << block_mp
+                       << ", double " << block_double);
+}
+
+// Fault control: with tanh's saved output detached, J = Σ tanh(A) ∘ G gets a Hessian of zeros:
+// symmetric, so the symmetry check passes it, but every diagonal column misses the independent HVP.
+BOOST_AUTO_TEST_CASE(a_symmetric_but_wrong_hessian_is_rejected_by_its_columns) {
+    std::mt19937_64 rng(16);
+    const auto faulty = [](auto in) { return probe(detached_tanh(in[0])); };
+    const std::array<Tensor<double>, 1> x{random_tensor(Shape{2, 3}, rng)};
+    const Tensor<double> H = hessian(faulty, x);
+    for (std::size_t i = 0; i < H.rows(); ++i)
+        for (std::size_t j = 0; j < H.cols(); ++j) BOOST_TEST(H(i, j) == H(j, i));
+    const auto [worst_mp, worst_double] = hessian_column_errors(faulty, x);
+    BOOST_TEST(worst_mp > 1e-3);
+    BOOST_TEST(worst_double > 1e-3);
+    const auto [right_mp, right_double] = hessian_column_errors([](auto in) { return probe(tanh(in[0])); }, x);
+    BOOST_TEST(right_mp <= 1e-25);
+    BOOST_TEST(right_double <= 1e-9);
 }
 
 BOOST_AUTO_TEST_CASE(jvp_returns_the_forward_value_and_hvp_the_gradient) {
