@@ -97,15 +97,19 @@ struct Figures {
     SecondOrderReport jvp, hvp, hvp_quadratic;
 };
 
-// The JVP check on op's output and the HVP check on its quadratic probe, leaves drawn from `rng`.
+// The JVP check on op's output and the HVP checks on its two probes, leaves drawn from `rng`: the op
+// recorded once on a Tape<double> and the tape checked as recorded (check/recorded.hpp: re-run at
+// 50 digits and in the duals through the ops' siblings, compiled in the library), so each row's
+// lambda is compiled at double only; the checks, directions and thresholds are check_jvp's and
+// check_hvp's own.
 template <std::size_t N, class Op>
 Figures second_order_of(Op op, const std::array<Leaf, N>& specs, std::mt19937_64& rng) {
-    std::array<NamedTensor, N> drawn;
-    for (std::size_t l = 0; l < N; ++l) drawn[l] = {fmt::format("x{}", l), draw(specs[l], rng)};
-    NamedTensor leaves[N];
-    std::copy(drawn.begin(), drawn.end(), leaves);
-    return {check_jvp(op, leaves), check_hvp([&op](auto in) { return probe(op(in)); }, leaves),
-            check_hvp([&op](auto in) { return quadratic_probe(op(in)); }, leaves)};
+    std::array<Tensor<double>, N> values;
+    for (std::size_t l = 0; l < N; ++l) values[l] = draw(specs[l], rng);
+    Tape<double> tape;
+    const Var<double> Y = testing::record_op(op, tape, values);
+    const Var<double> J = probe(Y), J_quadratic = quadratic_probe(Y);
+    return {check_jvp(tape, Y), check_hvp(tape, J), check_hvp(tape, J_quadratic)};
 }
 
 struct Row {
