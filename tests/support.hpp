@@ -91,6 +91,31 @@ struct SoftmaxWithoutDenominator : Softmax {
     }
 };
 
+// Max whose gradient goes to the LAST maximal element of each lane, where the library's goes to the
+// first (NumPy's argmax); without ties it is Max. The tie convention's fault control
+// (tests/test_reductions.cpp, in isolation; tests/test_kink_conventions.cpp, through a model).
+struct MaxGradientToLastMaximal : Max {
+    static constexpr std::string_view name = "max with the gradient to the last maximal element";
+    template <Scalar T>
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
+        const Tensor<T>& X = *at.in[0];
+        const axes::View lanes = axes::around(X.shape(), s.axis);
+        dX.fill(T(0));
+        for (std::size_t lane = 0; lane < lanes.lanes(); ++lane) {
+            const std::size_t first = lanes.first(lane);
+            std::size_t j = lanes.dim - 1;
+            while (j > 0 && X[first + j * lanes.stride()] != at.out[lane]) --j;
+            dX[first + j * lanes.stride()] = at.G[lane];
+        }
+    }
+};
+
+// Restores the CPU level chosen at start-up when a test case that switches levels ends.
+struct RestoreCpuLevel {
+    CpuLevel saved = cpu_level();
+    ~RestoreCpuLevel() { set_cpu_level(saved); }
+};
+
 // The places a report names: its failing coordinates and branches, and the branch verdicts.
 using Place = std::tuple<std::string, std::string, std::string>;
 inline std::set<Place> failing_places(const CheckReport& r) {

@@ -17,12 +17,6 @@ using tapegrad::testing::random_tensor;
 
 namespace {
 
-// Restores the level chosen at start-up when a test case ends.
-struct RestoreLevel {
-    CpuLevel saved = cpu_level();
-    ~RestoreLevel() { set_cpu_level(saved); }
-};
-
 // C = op(A)·op(B) at the active level, for row-major buffers of the Form's shapes.
 template <class T>
 std::vector<T> product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const std::vector<T>& A,
@@ -54,7 +48,7 @@ double bound_ratio(kernels::Form form, std::size_t m, std::size_t n, std::size_t
 
 template <class T>
 void check_products_at_every_level() {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     constexpr std::size_t m = 37, n = 29, k = 70;  // not multiples of any vector width
     std::mt19937_64 rng(10);
     const Tensor<double> A_values = random_tensor({m * k}, rng), B_values = random_tensor({k * n}, rng);
@@ -99,7 +93,7 @@ std::vector<Tensor<T>> attention_results(const std::array<Tensor<double>, 3>& qk
 // (a few ulps) and the gradient's sums. A kernel with any wrong element misses by O(1e-2) or more.
 template <Scalar T>
 void check_attention_at_every_level(double threshold) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     std::mt19937_64 rng(11);
     const std::array<Tensor<double>, 3> qkv{random_tensor({80, 16}, rng), random_tensor({80, 16}, rng),
                                             random_tensor({80, 16}, rng)};
@@ -120,7 +114,7 @@ void check_attention_at_every_level(double threshold) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(levels_are_reported_forced_and_refused) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     const std::vector<CpuLevel> levels = available_cpu_levels();
     BOOST_TEST_REQUIRE(!levels.empty());
     BOOST_TEST((levels.front() == CpuLevel::baseline));
@@ -159,7 +153,7 @@ BOOST_AUTO_TEST_CASE(the_rounding_bound_rejects_a_product_missing_one_term) {
 // Rows of 37 (past fast::inline_row_size, so the compiled max, row and VJP kernels run), values
 // and the VJP dS = A ∘ (G − Σ G·A) for an upstream G, against 50 digits.
 BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     std::mt19937_64 rng(13);
     Tensor<double> S = random_tensor({3, 37}, rng, 5.0);
     S[5] = S[40] = -std::numeric_limits<double>::infinity();  // hidden positions: exactly 0
@@ -190,7 +184,7 @@ BOOST_AUTO_TEST_CASE(softmax_rows_agree_at_every_level) {
 // The compiled max propagates NaN, so a NaN score in a long row is refused by name, as in a short
 // one (Softmax::forward called directly: a tape would have refused the NaN before softmax saw it).
 BOOST_AUTO_TEST_CASE(softmax_refuses_nan_and_inf_in_long_rows_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         for (const double bad : {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
@@ -227,7 +221,7 @@ void check_exponentials_do_not_depend_on_their_block() {
 }
 
 BOOST_AUTO_TEST_CASE(exponentials_do_not_depend_on_their_block_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         BOOST_TEST_CONTEXT(cpu_level_name(level)) {
@@ -240,7 +234,7 @@ BOOST_AUTO_TEST_CASE(exponentials_do_not_depend_on_their_block_at_every_level) {
 // GELU's tanh form (compiled as a·σ(2u)) against the generic formula in 50 digits, values and
 // VJP, over ordinary inputs and the tails where 1 + tanh u would cancel.
 BOOST_AUTO_TEST_CASE(gelu_agrees_with_50_digits_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     std::mt19937_64 rng(17);
     Tensor<double> A = random_tensor({3, 37}, rng, 4.0);
     const std::array<double, 7> tails{-40.0, -12.0, -1e-9, 0.0, 1e-9, 12.0, 40.0};
@@ -269,7 +263,7 @@ BOOST_AUTO_TEST_CASE(gelu_agrees_with_50_digits_at_every_level) {
 // middle and the last of a row, on both sides of the inline size and at lengths that are no
 // multiple of any vector width, and lets ±inf through.
 BOOST_AUTO_TEST_CASE(the_nan_scan_finds_every_position_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         BOOST_TEST_CONTEXT(cpu_level_name(level)) {
@@ -316,7 +310,7 @@ void check_planes_at_level(std::size_t n) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(dual_planes_split_and_merge_exactly_at_every_level) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         BOOST_TEST_CONTEXT(cpu_level_name(level)) {
@@ -342,7 +336,7 @@ BOOST_AUTO_TEST_CASE(attention_agrees_with_50_digits_at_every_level_float) {
 // in part) differ in the last bit at the AVX levels.
 template <class T>
 void check_offsets_at_every_level() {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     std::mt19937_64 rng(14);
     const Tensor<double> values = random_tensor({2000}, rng, 3.0);
     // The data at `offset` elements into a fresh buffer.

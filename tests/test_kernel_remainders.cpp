@@ -263,14 +263,9 @@ Tally check_engine_kernels(const EngineKernels<T>& kernels, std::uint64_t seed) 
     return tally;
 }
 
-struct RestoreLevel {
-    CpuLevel saved = cpu_level();
-    ~RestoreLevel() { set_cpu_level(saved); }
-};
-
 template <class T>
 void check_every_level(const char* type) {
-    const RestoreLevel restore;
+    const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
         const Tally ops = check_op_kernels(op_kernels<T>(), 41);

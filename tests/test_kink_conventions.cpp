@@ -31,22 +31,6 @@ using namespace tapegrad;
 
 namespace {
 
-// Max whose gradient goes to the LAST maximal element of each lane (a fault control).
-struct MaxToLastMaximal : Max {
-    static constexpr std::string_view name = "max with the gradient to the last maximal element";
-    template <Scalar T>
-    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
-        const Tensor<T>& X = *at.in[0];
-        const axes::View lanes = axes::around(X.shape(), s.axis);
-        dX.fill(T(0));
-        for (std::size_t lane = 0; lane < lanes.lanes(); ++lane) {
-            const std::size_t first = lanes.first(lane);
-            std::size_t j = lanes.dim - 1;
-            while (j > 0 && X[first + j * lanes.stride()] != at.out[lane]) --j;
-            dX[first + j * lanes.stride()] = at.G[lane];
-        }
-    }
-};
 
 // relu with relu'(0) = 1 (a fault control).
 struct ReluOneAtZero : Relu {
@@ -68,7 +52,7 @@ struct Model {
         using V = typename Leaves::value_type;
         const V A = add(matmul(in[0], in[1]), in[2]);
         const V H = fault == Fault::relu_one_at_zero ? A.tape().template record<ReluOneAtZero>({A}) : relu(A);
-        const V pooled = fault == Fault::max_to_last ? H.tape().template record<MaxToLastMaximal>(
+        const V pooled = fault == Fault::max_to_last ? H.tape().template record<testing::MaxGradientToLastMaximal>(
                                                            {H}, reduction::checked(Max::name, H, 0, false))
                                                      : max(H, 0);
         const V P = reshape(concat({pooled, mean(H, 0)}, 0), Shape{1, 4});

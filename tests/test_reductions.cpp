@@ -242,23 +242,7 @@ V record_reduction(const V& X, int axis, bool keepdims = false) {
     return X.tape().template record<Op>({X}, reduction::checked(Op::name, X, axis, keepdims));
 }
 
-// Max whose gradient goes to the LAST maximal element of each lane. Without ties it is Max.
-struct MaxGradientToLastMaximal : Max {
-    static constexpr std::string_view name = "max with the gradient to the last maximal element";
-    template <Scalar T>
-    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t, Tensor<T>& dX) {
-        const Tensor<T>& X = *at.in[0];
-        const axes::View lanes = axes::around(X.shape(), s.axis);
-        dX.fill(T(0));
-        for (std::size_t lane = 0; lane < lanes.lanes(); ++lane) {
-            const std::size_t first = lanes.first(lane);
-            std::size_t j = lanes.dim - 1;
-            while (j > 0 && X[first + j * lanes.stride()] != at.out[lane]) --j;
-            dX[first + j * lanes.stride()] = at.G[lane];
-        }
-    }
-};
-const bool max_gradient_to_last_maximal_registered = register_siblings<MaxGradientToLastMaximal>();  // driven through its recorded tape
+const bool max_gradient_to_last_maximal_registered = register_siblings<testing::MaxGradientToLastMaximal>();  // driven through its recorded tape
 
 // Max whose gradient goes to EVERY maximal element of each lane. Without ties it is Max.
 struct MaxGradientToAllMaximal : Max {
@@ -313,7 +297,7 @@ BOOST_AUTO_TEST_CASE(max_gives_the_gradient_to_the_first_maximal_element_at_a_ti
     BOOST_TEST(tie_gradient<Max>(0, tensor({3}, {1, 2, 3})) == tensor({2, 3}, {1, 0, 0, 0, 2, 3}));
     BOOST_TEST(follows_the_first_maximal_convention<Max>());
     // The faults give [[0, 0, 10], [0, 0, 20]] and [[10, 0, 10], [0, 20, 20]] on axis 1.
-    BOOST_TEST(!follows_the_first_maximal_convention<MaxGradientToLastMaximal>());
+    BOOST_TEST(!follows_the_first_maximal_convention<testing::MaxGradientToLastMaximal>());
     BOOST_TEST(!follows_the_first_maximal_convention<MaxGradientToAllMaximal>());
 }
 
@@ -328,7 +312,7 @@ BOOST_AUTO_TEST_CASE(the_checker_reports_ties_of_max_as_kinks_for_any_convention
         return report;
     };
     for (const CheckReport& report : {check_at_tie([](auto X) { return record_reduction<Max>(X, 1); }),
-                                      check_at_tie([](auto X) { return record_reduction<MaxGradientToLastMaximal>(X, 1); }),
+                                      check_at_tie([](auto X) { return record_reduction<testing::MaxGradientToLastMaximal>(X, 1); }),
                                       check_at_tie([](auto X) { return record_reduction<MaxGradientToAllMaximal>(X, 1); })}) {
         BOOST_TEST(report.passed, report.summary());
         BOOST_TEST(report.kinks == 4u);  // (0, 0), (0, 2), (1, 1), (1, 2)
@@ -341,7 +325,7 @@ BOOST_AUTO_TEST_CASE(the_checker_reports_ties_of_max_as_kinks_for_any_convention
 BOOST_AUTO_TEST_CASE(without_ties_the_convention_is_invisible_to_the_checker) {
     std::mt19937_64 rng(11);
     const CheckReport report =
-        check_op([](auto in) { return record_reduction<MaxGradientToLastMaximal>(in[0], 1); }, rng, Shape{3, 4});
+        check_op([](auto in) { return record_reduction<testing::MaxGradientToLastMaximal>(in[0], 1); }, rng, Shape{3, 4});
     BOOST_TEST(report.passed, report.summary());
 }
 
