@@ -18,7 +18,9 @@
 // --audit-step takes one step and audits its tape's precision (check/audit.hpp: the digits each
 // parameter's gradient loses, the nodes that lose them; --audit-storage bfloat16 asks what 16-bit
 // storage would lose); with --save-tape FILE either saves that tape first (io/tape_file.hpp); all
-// in either dtype.
+// in either dtype. --micro-batches P cuts each batch into P parts recorded on P tapes, run on as
+// many threads as --threads gives (two threads: --threads 2 --micro-batches 2); the result depends
+// on P, never on the threads.
 #include "models/charlm.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/audit.hpp"
@@ -94,6 +96,9 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("seed", integer(&m.seed, std::uint64_t{0})->default_value(m.seed), "initialisation and batches")
         ("kernel", po::value(&r.kernel)->default_value(r.kernel), "attention kernel: fused or composed")
         ("threads", integer(&r.threads, 0u, cli::max_threads)->default_value(r.threads), "threads (tapegrad::set_threads; 0: one per core)")
+        ("micro-batches", integer(&m.micro_batches, one)->default_value(m.micro_batches),
+         "parts of each batch, each on its own tape and thread (results depend on it, not on --threads; "
+         "two threads train faster with 2 than with 1)")
         ("eval-every", integer(&r.eval_every, one)->default_value(r.eval_every), "validation every this many steps")
         ("eval-windows", integer(&r.eval_windows, one)->default_value(r.eval_windows), "validation windows during training")
         ("dtype", po::value(&r.dtype)->default_value(r.dtype), "float64 or float32: the type of the parameters, "
@@ -131,6 +136,12 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         throw cli::usage_error("--save-tape saves the tape of the step --check-step or --audit-step takes; give one of them");
     }
     if (r.check_step && r.audit_step) throw cli::usage_error("--check-step and --audit-step: choose one");
+    if ((r.check_step || r.audit_step) && m.micro_batches > 1) {
+        throw cli::usage_error("--check-step and --audit-step take the step on one tape: give --micro-batches 1");
+    }
+    if (m.micro_batches > m.batch) {
+        throw cli::usage_error(fmt::format("--micro-batches {} is more than --batch {}", m.micro_batches, m.batch));
+    }
     if (!storage_named(r.audit_storage)) {
         throw cli::usage_error(fmt::format("--audit-storage must be recorded, bfloat16 or float16, not '{}'", r.audit_storage));
     }

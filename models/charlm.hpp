@@ -6,13 +6,15 @@
 ///   * Corpus: plain-text files read in the given order, cleaned, split into training and
 ///     validation text, encoded over the alphabet of characters that occur;
 ///   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
-///     reused Tape<T>; a step on the batch of a given step number (drawn from a generator seeded by
-///     (seed, step), so a resumed run draws the same batches), the validation loss, checkpoints
+///     reused Tape<T> per micro-batch; a step on the batch of a given step number (drawn from a
+///     generator seeded by (seed, step), so a resumed run draws the same batches), its
+///     micro-batches on as many threads as the threads setting gives, the validation loss, checkpoints
 ///     (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
 ///     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
 ///     from a prompt through the memory path.
 #pragma once
 
+#include "autodiff/parallel.hpp"
 #include "io/npy.hpp"
 #include "io/tape_file.hpp"
 #include "models/optimizer.hpp"
@@ -26,6 +28,7 @@
 #include <concepts>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -57,6 +60,11 @@ struct CharLmSettings {
     /// The same function either way (tests/test_transformer.cpp holds them together); fused keeps no
     /// T×T score matrices on the tape and trains faster (bench_charlm prints both).
     AttentionKernel kernel = AttentionKernel::fused;
+    /// Parts the batch is cut into, each recorded and back-propagated on its own tape, on its own
+    /// thread when the threads setting gives more than one (1 to `batch`). The parts' gradients are
+    /// summed in part order, so results depend on this number but never on the threads; more than
+    /// one part changes the gradients' last bits against one part (sums split in two).
+    std::size_t micro_batches = 1;
 
     TransformerConfig model(std::size_t vocabulary) const {
         TransformerConfig c;
@@ -176,26 +184,29 @@ template <std::floating_point T>
 class BasicCharLmTrainer {
 public:
     BasicCharLmTrainer(const CharLmSettings& settings, const Corpus& corpus)
-        : settings_(settings), corpus_(corpus), config_(settings.model(corpus.alphabet.size())),
-          parameters_(initial(config_)), adam_(settings.adam()) {}
+        : settings_(settings),
+          corpus_(corpus),
+          config_(settings.model(corpus.alphabet.size())),
+          parameters_(initial(config_)),
+          adam_(settings.adam()) {
+        if (settings.micro_batches == 0 || settings.micro_batches > settings.batch) {
+            throw value_error(fmt::format("charlm: micro_batches is {}; it must be 1 to the batch size ({})",
+                                          settings.micro_batches, settings.batch));
+        }
+        for (std::size_t part = 0; part < settings.micro_batches; ++part) tapes_.emplace_back();
+    }
 
     /// One AdamW step on the batch of step number steps_done(); returns the loss before it.
     double step() {
         const std::size_t s = adam_.steps();
-        const CharBatch batch = training_batch(corpus_, settings_, s);
-        const auto vars = record_parameters();  // clears the tape: nodes' buffers are reused
-        const Var<T> J = transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
-                                          std::span<const std::size_t>(batch.targets), batch.size);
-        tape_.backward(J);
-        loss_ = J;
-        copy_gradients(vars);
+        const double loss = forward_backward(training_batch(corpus_, settings_, s));
         last_norm_ = clip_by_global_norm(gradient_pointers_, settings_.clip_norm);
         adam_.set_learning_rate(settings_.schedule().rate(s));  // double; Adam rounds what it applies
         std::vector<Tensor<T>*> parameters;
         for (Tensor<T>& p : parameters_) parameters.push_back(&p);
         std::vector<const Tensor<T>*> gradients(gradient_pointers_.begin(), gradient_pointers_.end());
         adam_.step(parameters, gradients);
-        return static_cast<double>(J.value().item());
+        return loss;
     }
 
     /// Mean loss (nats per character) over consecutive windows of the validation text, at most
@@ -211,7 +222,7 @@ public:
                 starts.push_back(w * available / count * context);
             }
             const CharBatch batch = windows_at(corpus_.validation, starts, context);
-            const auto vars = record_parameters();
+            const auto vars = record_parameters(tapes_.front());
             total += static_cast<double>(starts.size()) *
                      static_cast<double>(transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
                                                           std::span<const std::size_t>(batch.targets), batch.size)
@@ -226,9 +237,10 @@ public:
     const std::vector<Tensor<T>>& parameters() const { return parameters_; }
     const TransformerConfig& config() const { return config_; }
     /// The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
-    /// step or validation clears it: what check_gradients(tape, J) checks in place.
-    const Tape<T>& last_step_tape() const { return tape_; }
-    Var<T> last_step_loss() const { return loss_; }
+    /// step or validation clears it: what check_gradients(tape, J) checks in place. With several
+    /// micro-batches, the first one's tape and its mean loss.
+    const Tape<T>& last_step_tape() const { return tapes_.front(); }
+    Var<T> last_step_loss() const { return losses_.front(); }
 
     void save(const std::filesystem::path& directory) const;
     /// Resumes from the checkpoint `directory` names (see find_checkpoint: the directory itself, or
@@ -246,23 +258,23 @@ private:
             return rounded;
         }
     }
-    /// The parameters as named leaves of the cleared tape (copied as they are: no conversion).
-    TransformerVars<T> record_parameters() {
-        tape_.clear();
+    /// The parameters as named leaves of `tape`, cleared (copied as they are: no conversion).
+    TransformerVars<T> record_parameters(Tape<T>& tape) const {
+        tape.clear();
         const std::vector<std::string> names = parameter_names(config_);
         std::vector<Var<T>> leaves;
-        for (std::size_t i = 0; i < parameters_.size(); ++i) leaves.push_back(tape_.leaf(parameters_[i], names[i]));
+        for (std::size_t i = 0; i < parameters_.size(); ++i) leaves.push_back(tape.leaf(parameters_[i], names[i]));
         return TransformerVars<T>::from(leaves, config_);
     }
-    void copy_gradients(const TransformerVars<T>& vars);
+    double forward_backward(const CharBatch& batch);
 
     CharLmSettings settings_;
     const Corpus& corpus_;
     TransformerConfig config_;
     std::vector<Tensor<T>> parameters_;
     BasicAdam<T> adam_;
-    Tape<T> tape_;
-    Var<T> loss_;
+    std::deque<Tape<T>> tapes_;  ///< one per micro-batch (tapes do not move: a deque keeps them in place)
+    std::vector<Var<T>> losses_;
     std::vector<Tensor<T>> gradients_;
     std::vector<Tensor<T>*> gradient_pointers_;
     double last_norm_ = 0;
@@ -272,15 +284,42 @@ private:
 using CharLmTrainer = BasicCharLmTrainer<double>;
 
 /// The leaves' gradients, in parameter order, into the trainer's own buffers (clipping scales them).
+/// The batch's mean loss, its gradients left in gradients_. Part p of P holds sequences
+/// [p·B/P, (p+1)·B/P); its mean loss J_p and gradient g_p weigh by its share of the sequences,
+/// w_p = B_p/B (0.5 each for 16 in two: exact), so J = Σ w_p J_p and g = Σ w_p g_p, summed in part
+/// order whatever thread ran which part. One part: w = 1, the tape's own gradient.
 template <std::floating_point T>
-void BasicCharLmTrainer<T>::copy_gradients(const TransformerVars<T>& vars) {
-    const std::vector<Var<T>> leaves = vars.all();
-    gradients_.resize(leaves.size());
+double BasicCharLmTrainer<T>::forward_backward(const CharBatch& batch) {
+    const std::size_t parts = tapes_.size(), context = settings_.context;
+    const auto first_sequence = [&](std::size_t part) { return part * batch.size / parts; };
+    std::vector<std::vector<Var<T>>> leaves(parts);
+    losses_.assign(parts, Var<T>{});
+    parallel_for(parts, [&](std::size_t part, unsigned) {
+        const std::size_t first = first_sequence(part), count = first_sequence(part + 1) - first;
+        const TransformerVars<T> vars = record_parameters(tapes_[part]);
+        const auto window = [&](const std::vector<std::size_t>& v) {
+            return std::span<const std::size_t>(v).subspan(first * context, count * context);
+        };
+        losses_[part] = transformer_loss(vars, config_, window(batch.tokens), window(batch.targets), count);
+        tapes_[part].backward(losses_[part]);
+        leaves[part] = vars.all();
+    });
+    gradients_.resize(parameters_.size());
     gradient_pointers_.clear();
-    for (std::size_t i = 0; i < leaves.size(); ++i) {
-        gradients_[i] = leaves[i].grad();
-        gradient_pointers_.push_back(&gradients_[i]);
+    double loss = 0;
+    for (std::size_t part = 0; part < parts; ++part) {
+        const std::size_t count = first_sequence(part + 1) - first_sequence(part);
+        const T weight = static_cast<T>(count) / static_cast<T>(batch.size);
+        loss += static_cast<double>(weight) * static_cast<double>(losses_[part].value().item());
+        for (std::size_t i = 0; i < gradients_.size(); ++i) {
+            const std::span<const T> g = leaves[part][i].grad().data();
+            if (part == 0) gradients_[i] = leaves[part][i].grad();
+            const std::span<T> sum = gradients_[i].data();
+            for (std::size_t k = 0; k < sum.size(); ++k) sum[k] = part == 0 ? weight * g[k] : sum[k] + weight * g[k];
+        }
     }
+    for (Tensor<T>& g : gradients_) gradient_pointers_.push_back(&g);
+    return loss;
 }
 
 namespace charlm_files {
@@ -483,7 +522,7 @@ std::string BasicCharLmTrainer<T>::sample(const std::string& prompt, std::size_t
             memory = {};
             block.assign(history.end() - static_cast<std::ptrdiff_t>(config_.context / 2), history.end());
         }
-        const auto vars = record_parameters();
+        const auto vars = record_parameters(tapes_.front());
         const Tensor<T> logits =
             transformer_logits(vars, config_, std::span<const std::size_t>(block), 1, {.memory = &memory}).value();
         const std::size_t V = config_.vocabulary, last = (block.size() - 1) * V;

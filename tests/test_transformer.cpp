@@ -2,7 +2,8 @@
 // (L = 2, D = 16, 2 heads, T = 8, vocabulary 12) in full mode over every parameter, with the tied
 // embedding's two branches (the input gather and the output projection) attributed one by one;
 // the default char-LM size in fast mode; generation through the memory (query_offset) giving the
-// full pass's logits to 1e-12; and the model's argument checks.
+// full pass's logits to 1e-12; the model's argument checks; and the char-LM trainer's
+// micro-batches (the batch's loss and gradient, the same bits on one thread and on two).
 #define BOOST_TEST_MODULE transformer
 #include "support.hpp"
 #include "models/charlm.hpp"
@@ -234,4 +235,72 @@ BOOST_AUTO_TEST_CASE(initialisation_is_gpt2s) {
         }
     }
     BOOST_TEST((initial_parameters(c)[0] == values[0]));  // seeded: the same draw twice
+}
+
+namespace {
+
+// A small char-LM on a seeded random text over 12 characters: a step takes milliseconds.
+CharLmSettings small_charlm(std::size_t micro_batches) {
+    CharLmSettings s;
+    s.layers = 1;
+    s.width = 16;
+    s.heads = 2;
+    s.context = 16;
+    s.batch = 6;
+    s.micro_batches = micro_batches;
+    return s;
+}
+
+Corpus random_corpus() {
+    Corpus corpus;
+    corpus.alphabet = "abcdefghijk ";
+    std::mt19937_64 generator(11);
+    for (std::size_t k = 0; k < 4000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
+    corpus.validation = corpus.train;
+    return corpus;
+}
+
+}  // namespace
+
+// A batch cut into micro-batches is the same batch: its loss and gradient norm agree with the
+// one-tape step to rounding (each part's mean weighed by its share of the sequences; 6 in 2 and,
+// unevenly, in 4 parts of 1, 2, 1, 2). 1e-13 relative: the parts' sums differ from the whole's in
+// the order of their terms only (double: a few ulps of sums of at most 96 terms). Parts weighed
+// wrongly (each by 1) would double the norm.
+BOOST_AUTO_TEST_CASE(micro_batches_give_the_batch_loss_and_gradient) {
+    const Corpus corpus = random_corpus();
+    CharLmTrainer whole(small_charlm(1), corpus);
+    const double loss = whole.step(), norm = whole.last_gradient_norm();
+    for (const std::size_t parts : {2, 4}) {
+        CharLmTrainer cut(small_charlm(parts), corpus);
+        BOOST_TEST_CONTEXT("micro_batches " << parts) {
+            BOOST_TEST(cut.step() == loss, boost::test_tools::tolerance(1e-13));
+            BOOST_TEST(cut.last_gradient_norm() == norm, boost::test_tools::tolerance(1e-13));
+        }
+    }
+}
+
+// The parts run on as many threads as the setting gives, their gradients summed in part order:
+// three steps on one thread and on two end with the same parameters, bit for bit, in both dtypes.
+BOOST_AUTO_TEST_CASE(micro_batches_give_the_same_bits_on_one_thread_and_on_two) {
+    const Corpus corpus = random_corpus();
+    const auto parameters_after = [&]<class T>(unsigned threads, T) {
+        set_threads(threads);
+        BasicCharLmTrainer<T> trainer(small_charlm(3), corpus);
+        for (int s = 0; s < 3; ++s) trainer.step();
+        set_threads(1);
+        return trainer.parameters();
+    };
+    BOOST_TEST((parameters_after(1, double{}) == parameters_after(2, double{})));
+    BOOST_TEST((parameters_after(1, float{}) == parameters_after(2, float{})));
+}
+
+BOOST_AUTO_TEST_CASE(micro_batches_outside_one_to_the_batch_are_refused) {
+    const Corpus corpus = random_corpus();
+    for (const std::size_t parts : {0, 7}) {
+        const std::string message =
+            testing::message_of<value_error>([&] { CharLmTrainer trainer(small_charlm(parts), corpus); });
+        BOOST_TEST(message.find(fmt::format("micro_batches is {}", parts)) != std::string::npos, message);
+        BOOST_TEST(message.find("batch size (6)") != std::string::npos, message);
+    }
 }
