@@ -11,13 +11,17 @@
 //   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… kernel=fused|composed
 //     statistic=median|best|overall dtype=float64|float32
 // (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
-// (ratio = tapegrad's tokens/s over LibTorch's in the same dtype). Before timing, the first steps'
+// (ratio = tapegrad's tokens/s over LibTorch's in the same dtype). On a machine with two or more
+// cores, a last line times the float32 step on two threads against one (bench_two_threads). Before timing, the first steps'
 // losses of every side are compared with LibTorch's in the same dtype: they must agree to 1e-9
 // (relative) in float64 and to 1e-5 in float32 (float32 gradients differ in their last bits
 // between two engines that sum in different orders, and Adam's m/√v turns such a difference in a
 // gradient entry near zero into a step of up to ±lr; measured 5.2e-7 on this machine), or the
 // line is not a comparison of the same computation and a WARNING says so.
-//   bench_charlm [--rounds N]   (default 41; a smaller N for a quick smoke run)
+//   bench_charlm [--rounds N] [--steps-per-round N] [--per-round]
+// (--rounds: default 41, a smaller N for a quick smoke run; --steps-per-round: default 2;
+// --per-round: a line per round and contender with its rate, each step's milliseconds, the minor
+// page faults it took and its wall time over its CPU time: where slow rounds come from)
 // LibTorch's matrix products use the system's libblas.so.3: on a machine where it is Debian's
 // reference BLAS (libblas3) rather than OpenBLAS (libopenblas0-pthread), LibTorch's GEMMs run
 // several times slower; the libtorch_gemm lines report the rate it gets in each dtype, the
@@ -31,6 +35,9 @@
 #include "tools/options.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
@@ -39,6 +46,7 @@
 #include <filesystem>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -251,19 +259,82 @@ void print_tapegrad_gemm_rate(std::size_t tokens, std::size_t width) {
                2.0 * static_cast<double>(m * k * n) / median(samples) / 1e9, std::is_same_v<T, float> ? "float32" : "float64");
 }
 
+// Two threads against one on the float32 step. Two threads need the batch in two micro-batches
+// (two tapes, so each thread has a whole half to run; one batch on one tape leaves them only the
+// ops, too small at this size to split), so three trainers from the same start alternate rounds on
+// the wall clock: the batch on one tape and one thread (the fastest one-thread step), two
+// micro-batches on one thread (the same computation as on two) and on two threads. Results do not
+// depend on the threads: the last two trainers' parameters must be equal to the bit at the end, or
+// a WARNING says so.
+void bench_two_threads(const CharLmSettings& defaults, const Corpus& corpus, std::size_t rounds,
+                       std::size_t steps_per_round) {
+    CharLmSettings halves = defaults;
+    halves.micro_batches = 2;
+    BasicCharLmTrainer<float> whole(defaults, corpus), one(halves, corpus), two(halves, corpus);
+    const double tokens = static_cast<double>(defaults.batch * defaults.context * steps_per_round);
+    std::vector<double> whole_rates, one_rates, two_rates;
+    const auto rate = [&](BasicCharLmTrainer<float>& trainer, unsigned threads) {
+        set_threads(threads);
+        const double start = timing::wall_seconds();
+        for (std::size_t s = 0; s < steps_per_round; ++s) trainer.step();
+        return tokens / (timing::wall_seconds() - start);
+    };
+    for (std::size_t round = 0; round < rounds; ++round) {
+        whole_rates.push_back(rate(whole, 1));
+        one_rates.push_back(rate(one, 1));
+        two_rates.push_back(rate(two, 2));
+    }
+    set_threads(1);
+    bool same = true;
+    for (std::size_t i = 0; i < one.parameters().size(); ++i) {
+        const auto a = one.parameters()[i].data(), b = two.parameters()[i].data();
+        same = same && std::equal(a.begin(), a.end(), b.begin(), b.end());
+    }
+    if (!same) fmt::print("WARNING: the one- and two-thread trainers' parameters differ\n");
+    for (const auto& [statistic, of] :
+         {std::pair{"median", +[](const std::vector<double>& v) { return median(v); }},
+          std::pair{"best", +[](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }}}) {
+        fmt::print(
+            "charlm_threads dtype=float32 statistic={} one_tape_one_thread_tokens_per_s={:.0f} "
+            "two_micro_batches_one_thread_tokens_per_s={:.0f} two_micro_batches_two_threads_tokens_per_s={:.0f} "
+            "speedup_same_step={:.3f} speedup_over_one_tape={:.3f} parameters_bitwise_equal={}\n",
+            statistic, of(whole_rates), of(one_rates), of(two_rates), of(two_rates) / of(one_rates),
+            of(two_rates) / of(whole_rates), same);
+    }
+}
+
+// The minor page faults this thread has taken so far: a round that maps fresh memory (an allocator
+// returning buffers to the system and asking again) pays one per 4 KiB page.
+long minor_faults() {
+    rusage usage{};
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_minflt;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
     std::size_t rounds = 41;  // 41: a steady median on a shared machine
+    bool per_round = false;
+    std::size_t steps_per_round_setting = 2;
     try {  // numbers read the way every program of the project reads them (tools/options.hpp)
         for (int a = 1; a < argc; ++a) {
-            if (std::string(argv[a]) != "--rounds" || a + 1 == argc) {
+            const std::string argument = argv[a];
+            if (argument == "--per-round") {
+                per_round = true;
+            } else if (argument == "--steps-per-round" && a + 1 < argc) {
+                steps_per_round_setting =
+                    cli::integer_argument("--steps-per-round", argv[++a], std::size_t{1}, std::size_t{1000});
+            } else if (argument == "--rounds" && a + 1 < argc) {
+                rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
+            } else {
                 throw cli::usage_error(fmt::format("unknown argument '{}'", argv[a]));
             }
-            rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
         }
     } catch (const cli::usage_error& e) {
-        fmt::print(stderr, "bench_charlm: {} (usage: bench_charlm [--rounds N])\n", e.what());
+        fmt::print(stderr, "bench_charlm: {} (usage: bench_charlm [--rounds N] [--steps-per-round N] [--per-round])\n",
+                   e.what());
         return cli::exit_usage;
     }
     set_threads(1);
@@ -286,7 +357,7 @@ int main(int argc, char** argv) {
     ours_float.emplace_back(settings, AttentionKernel::fused, corpus);
     const TransformerConfig& c = ours.front().trainer.config();
     const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
-    constexpr std::size_t steps_per_round = 2;
+    const std::size_t steps_per_round = steps_per_round_setting;
     std::vector<double> theirs_rates, theirs_float_rates;
 
     print_tapegrad_gemm_rate<double>(static_cast<std::size_t>(tokens_per_step), c.width);
@@ -322,23 +393,43 @@ int main(int argc, char** argv) {
     agreement(ours, their_step, "float64", 1e-9);
     agreement(ours_float, their_float_step, "float32", 1e-5);
 #endif
-    const auto timed_rate = [&](const auto& step) {
-        const double start = thread_seconds();
-        for (std::size_t s = 0; s < steps_per_round; ++s) step();
-        return tokens_per_step * steps_per_round / (thread_seconds() - start);
+    std::size_t round = 0;
+    const auto timed_rate = [&](const char* contender, const auto& step) {
+        const long faults = minor_faults();
+        const double start = thread_seconds(), wall_start = timing::wall_seconds();
+        std::vector<double> step_ms;
+        for (std::size_t s = 0; s < steps_per_round; ++s) {
+            const double step_start = thread_seconds();
+            step();
+            step_ms.push_back(1e3 * (thread_seconds() - step_start));
+        }
+        const double seconds = thread_seconds() - start, wall = timing::wall_seconds() - wall_start;
+        const double rate = tokens_per_step * static_cast<double>(steps_per_round) / seconds;
+        if (per_round) {
+            fmt::print(
+                "round {} contender={} tokens_per_s={:.0f} step_ms={:.2f} minor_faults={} wall_over_cpu={:.3f}\n",
+                round, contender, rate, fmt::join(step_ms, ","), minor_faults() - faults, wall / seconds);
+        }
+        return rate;
     };
-    for (std::size_t round = 0; round < rounds; ++round) {
-        for (Side<double>& side : ours) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
+    for (; round < rounds; ++round) {
+        for (Side<double>& side : ours) {
+            const std::string name = fmt::format("tapegrad_float64_{}", attention_kernel_name(side.kernel));
+            side.rates.push_back(timed_rate(name.c_str(), [&] { side.trainer.step(); }));
+        }
 #ifdef TAPEGRAD_HAVE_TORCH
-        theirs_rates.push_back(timed_rate(their_step));
+        theirs_rates.push_back(timed_rate("libtorch_float64", their_step));
 #endif
-        for (Side<float>& side : ours_float) side.rates.push_back(timed_rate([&] { side.trainer.step(); }));
+        for (Side<float>& side : ours_float) {
+            side.rates.push_back(timed_rate("tapegrad_float32_fused", [&] { side.trainer.step(); }));
+        }
 #ifdef TAPEGRAD_HAVE_TORCH
-        theirs_float_rates.push_back(timed_rate(their_float_step));
+        theirs_float_rates.push_back(timed_rate("libtorch_float32", their_float_step));
 #endif
     }
     for (const Side<double>& side : ours) print_lines(side, theirs_rates, c);
     for (const Side<float>& side : ours_float) print_lines(side, theirs_float_rates, c);
+    if (std::thread::hardware_concurrency() > 1) bench_two_threads(settings, corpus, rounds, steps_per_round);
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
                steps_per_round, rounds);
     return 0;

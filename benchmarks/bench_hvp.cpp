@@ -173,6 +173,7 @@ void bench_hvp_check(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 }  // namespace
 
 int main() {
+    tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(1);
 #endif

@@ -2,6 +2,7 @@
 // a set of samples, and contenders timed side by side in alternating batches.
 #pragma once
 
+#include <malloc.h>
 #include <time.h>
 
 #include <algorithm>
@@ -41,6 +42,23 @@ inline double median(std::vector<double> values) {
     std::sort(values.begin(), values.end());
     const std::size_t n = values.size();
     return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+// Keeps the memory a contender frees inside the process: glibc then neither trims the top of its
+// heap nor serves blocks under 32 MiB (its largest mmap threshold) with mmap, so freed memory is
+// reused, not handed back to the kernel and faulted in again. Call at the start of main. Why:
+// LibTorch's allocator frees its tensors after each step, and on the development VM (2026-12-02,
+// "AMD EPYC", Firecracker with a virtio balloon that reports free pages to the host) this cost
+// every contender, not just LibTorch: with `bench_charlm --per-round`, LibTorch's float64 rounds
+// took 5,000-13,000 minor page faults each, and the float32 step that followed took 35-55 ms
+// instead of 12 ms (its own faults: none), so medians sank to 0.3-0.6 of the best rounds while
+// the best stayed put. With this call: no faults after the first round, every round of every
+// contender within 10% of its best, and LibTorch's float64 step 2 times faster (36 against 75 ms
+// median). A memory setting of the benchmark process, applied to both sides; the library's
+// tapes reuse their buffers and take no faults either way.
+inline void keep_freed_memory() {
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
 }
 
 // Wall-clock seconds, for the runs that use several threads.
