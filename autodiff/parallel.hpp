@@ -9,10 +9,11 @@
 /// the outer loop already occupies the cores, and nesting would only oversubscribe them.
 ///
 /// The threads are a pool inside the compiled library (src/parallel.cpp): created at the first
-/// call that needs them, grown when a call asks for more, asleep (not spinning) between calls, so
-/// a call costs a wake-up rather than a thread start, and idle workers take no core from other
-/// processes or tapes. Several user threads may call parallel_for at once (independent tapes): one
-/// call at a time has the pool, and a call that finds it taken runs its items on its own thread.
+/// call that needs them, grown when a call asks for more, and between calls watching for the next
+/// one for 50 µs, then asleep: a call costs a wake-up at most rather than a thread start, and idle
+/// workers take no core from other processes or tapes for longer than that. Several user threads
+/// may call parallel_for at once (independent tapes): one call at a time has the pool, and a call
+/// that finds it taken runs its items on its own thread.
 /// This header stays light: the template only wraps `work` in a pointer and a callback (no copy,
 /// no allocation) and hands it to the library.
 #pragma once
