@@ -3,7 +3,9 @@
 // double and in float (dtype= on each line), in the same run, alternating the two so that both
 // see the same machine state; best and median of the rounds on each side, the kernels' CPU level
 // (cpu=, autodiff/cpu.hpp) on each line, and the T = 2 graph on a reused tape and on a fresh
-// Tape per step. Built with the library's ordinary flags (no -march=native). Also
+// Tape per step; on two or more cores, T = 1024 on two threads, against LibTorch on two and
+// against one thread of ours alternated in the same run (attention_threads lines). Built with
+// the library's ordinary flags (no -march=native). Also
 // times Q, K, V as one X·[W_Q W_K W_V] product against three (issue 10 part 3), the tape's
 // per-node overhead, a 1024³ matmul against a reference GEMM (OpenBLAS when
 // found, else Eigen), the full 50-digit gradient check of attention at T = D = d = 8, and
@@ -218,6 +220,34 @@ void bench_attention(std::size_t rows, std::size_t D, std::size_t d, std::mt1993
     }
 }
 
+// Two threads against one on the same graph, alternating rounds, both on the wall clock: the
+// speed-up measured in the same minutes (the lines above time one thread and two threads in
+// separate runs against LibTorch, minutes apart on a host whose second core varies). Results do
+// not depend on the threads: the two sides' dW_Q must be equal to the bit.
+template <Scalar T>
+void bench_attention_threads(std::size_t rows, std::size_t D, std::size_t d, std::mt19937_64& rng) {
+    const AttentionInputs inputs = make_inputs(rows, D, d, rng);
+    TapegradAttention<T> one(inputs, false), two(inputs, false);
+    const std::vector<Timing> us = alternate_timings({[&] {
+                                                          set_threads(1);
+                                                          one.run();
+                                                      },
+                                                      [&] {
+                                                          set_threads(2);
+                                                          two.run();
+                                                      }},
+                                                     21, 0.03, wall_seconds);
+    set_threads(1);
+    const bool same = one.grad_W_Q() == two.grad_W_Q();
+    if (!same) fmt::print("WARNING: dW_Q differs between one thread and two at T={} dtype={}\n", rows, dtype_name<T>);
+    fmt::print(
+        "attention_threads dtype={} T={} D={} d={} cpu={} one_thread_us_median={:.1f} two_threads_us_median={:.1f} "
+        "speedup_median={:.3f} one_thread_us_best={:.1f} two_threads_us_best={:.1f} speedup_best={:.3f} "
+        "bitwise_equal={}\n",
+        dtype_name<T>, rows, D, d, cpu_level_name(cpu_level()), us[0].median_us, us[1].median_us,
+        us[0].median_us / us[1].median_us, us[0].best_us, us[1].best_us, us[0].best_us / us[1].best_us, same);
+}
+
 // The README's table in one precision: T = 2 on a reused and a fresh tape, then 64, 256, 1024.
 template <Scalar T>
 void bench_attention_table(std::mt19937_64& rng, unsigned cores) {
@@ -225,7 +255,10 @@ void bench_attention_table(std::mt19937_64& rng, unsigned cores) {
     bench_attention<T>(2, 2, 2, rng, 1, true);
     for (const std::size_t rows : {64, 256, 1024}) bench_attention<T>(rows, 64, 64, rng);
     bench_attention<T>(1024, 64, 64, rng, 1, true);
-    if (cores > 1) bench_attention<T>(1024, 64, 64, rng, 2);
+    if (cores > 1) {
+        bench_attention<T>(1024, 64, 64, rng, 2);
+        bench_attention_threads<T>(1024, 64, 64, rng);
+    }
 }
 
 // Issue 10 part 3: would one X·[W_Q W_K W_V] product beat three? Two measurements, alternated:
