@@ -267,8 +267,9 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
     const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;
     fmt::print("corpus: {} files, {} training and {} validation characters, alphabet of {}\n", files.size(),
                corpus.train.size(), corpus.validation.size(), corpus.alphabet.size());
-    fmt::print("model: L={} D={} heads={} T={} batch={}, {} parameters, {} attention, {}; steps {}..{} of {}; {} thread(s)\n",
+    fmt::print("model: L={} D={} heads={} T={} batch={}{}, {} parameters, {} attention, {}; steps {}..{} of {}; {} thread(s)\n",
                r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
+               r.model.micro_batches > 1 ? fmt::format(" in {} micro-batches", r.model.micro_batches) : std::string(),
                [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
                attention_kernel_name(r.model.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, r.model.steps,
                r.threads);
