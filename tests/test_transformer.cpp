@@ -241,14 +241,7 @@ namespace {
 
 // A small char-LM on a seeded random text over 12 characters: a step takes milliseconds.
 CharLmSettings small_charlm(std::size_t micro_batches) {
-    CharLmSettings s;
-    s.layers = 1;
-    s.width = 16;
-    s.heads = 2;
-    s.context = 16;
-    s.batch = 6;
-    s.micro_batches = micro_batches;
-    return s;
+    return {.layers = 1, .width = 16, .heads = 2, .context = 16, .batch = 6, .micro_batches = micro_batches};
 }
 
 Corpus random_corpus() {
