@@ -8,8 +8,8 @@
 ///   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
 ///     reused Tape<T> per micro-batch; a step on the batch of a given step number (drawn from a
 ///     generator seeded by (seed, step), so a resumed run draws the same batches), its
-///     micro-batches on as many threads as the threads setting gives, the validation loss, checkpoints
-///     (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
+///     micro-batches on as many threads as the threads setting gives, the validation loss,
+///     checkpoints (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
 ///     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
 ///     from a prompt through the memory path.
 #pragma once
@@ -283,8 +283,8 @@ private:
 /// The double trainer, as every caller before float training named it.
 using CharLmTrainer = BasicCharLmTrainer<double>;
 
-/// The leaves' gradients, in parameter order, into the trainer's own buffers (clipping scales them).
-/// The batch's mean loss, its gradients left in gradients_. Part p of P holds sequences
+/// The batch's mean loss; its gradients, in parameter order, left in the trainer's own buffers
+/// (clipping scales them). Part p of P holds sequences
 /// [p·B/P, (p+1)·B/P); its mean loss J_p and gradient g_p weigh by its share of the sequences,
 /// w_p = B_p/B (0.5 each for 16 in two: exact), so J = Σ w_p J_p and g = Σ w_p g_p, summed in part
 /// order whatever thread ran which part. One part: w = 1, the tape's own gradient.

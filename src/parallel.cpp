@@ -51,17 +51,16 @@ constinit thread_local bool inside_parallel_for = false;
 // How long a worker watches for the next job, and a caller for its helpers, before sleeping.
 constexpr auto spin_before_sleep = std::chrono::microseconds(50);
 
-// Polls `done` until it holds or spin_before_sleep has passed; says whether it held.
+// Polls `done` until it holds or spin_before_sleep has passed (the caller then sleeps on its
+// condition variable, whose predicate decides).
 template <class Done>
-bool spin_until(const Done& done) {
+void spin_until(const Done& done) {
     const auto give_up = std::chrono::steady_clock::now() + spin_before_sleep;
-    while (!done()) {
-        if (std::chrono::steady_clock::now() > give_up) return false;
+    while (!done() && std::chrono::steady_clock::now() <= give_up) {
 #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();  // tells the core this is a spin (frees resources for its sibling)
 #endif
     }
-    return true;
 }
 
 // Marks the current thread as running parallel_for items for a scope (nested calls run inline),
@@ -135,8 +134,10 @@ public:
             job_ = &job;
             seats_ = helpers;
             next_thread_ = 1;  // the caller is thread 0
-            posted_.fetch_add(1, std::memory_order_release);
         }
+        // Told after the lock is released, so a spinning worker that sees it finds the lock free
+        // (told under it, the worker would block on the lock: a sleep and a wake-up after all).
+        posted_.fetch_add(1, std::memory_order_release);
         for (unsigned h = 0; h < helpers; ++h) wake_.notify_one();
         {
             const InsideScope inside;
@@ -198,8 +199,8 @@ private:
     unsigned next_thread_ = 1;  // the thread index the next seat gets
     std::atomic<unsigned> active_{0};  // workers inside the current job (written under mutex_,
                                        // read without it while the caller spins)
-    std::atomic<unsigned> posted_{0};  // jobs posted so far (written under mutex_, read without
-                                       // it while a worker spins)
+    std::atomic<unsigned> posted_{0};  // jobs posted so far (written after a job is posted under
+                                       // mutex_, read without it while a worker spins)
     bool stopping_ = false;
 };
 
