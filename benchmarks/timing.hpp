@@ -52,9 +52,9 @@ inline double median(std::vector<double> values) {
 // every contender, not just LibTorch: with `bench_charlm --per-round`, LibTorch's float64 rounds
 // took 5,000-13,000 minor page faults each, and the float32 step that followed took 35-55 ms
 // instead of 12 ms (its own faults: none), so medians sank to 0.3-0.6 of the best rounds while
-// the best stayed put. With this call: no faults after the first round, every round of every
-// contender within 10% of its best, and LibTorch's float64 step 2 times faster (36 against 75 ms
-// median). A memory setting of the benchmark process, applied to both sides; the library's
+// the best stayed put. With this call: no faults after the first round, every contender's median
+// within 5% of its best round, and LibTorch's float64 median step 3.5 times faster (36 against
+// 127 ms). A memory setting of the benchmark process, applied to both sides; the library's
 // tapes reuse their buffers and take no faults either way.
 inline void keep_freed_memory() {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
