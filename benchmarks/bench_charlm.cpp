@@ -12,12 +12,13 @@
 //     statistic=median|best|overall dtype=float64|float32
 // (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
 // (ratio = tapegrad's tokens/s over LibTorch's in the same dtype). On a machine with two or more
-// cores, a last line times the float32 step on two threads against one (bench_two_threads). Before timing, the first steps'
-// losses of every side are compared with LibTorch's in the same dtype: they must agree to 1e-9
-// (relative) in float64 and to 1e-5 in float32 (float32 gradients differ in their last bits
-// between two engines that sum in different orders, and Adam's m/√v turns such a difference in a
-// gradient entry near zero into a step of up to ±lr; measured 5.2e-7 on this machine), or the
-// line is not a comparison of the same computation and a WARNING says so.
+// cores, the last lines time the float32 step on two threads against one (bench_two_threads).
+// Before timing, the first steps' losses of every side are compared with LibTorch's in the same
+// dtype: they must agree to 1e-9 (relative) in float64 and to 1e-5 in float32 (float32 gradients
+// differ in their last bits between two engines that sum in different orders, and Adam's m/√v
+// turns such a difference in a gradient entry near zero into a step of up to ±lr; measured
+// 5.2e-7 on this machine), or the line is not a comparison of the same computation and a WARNING
+// says so.
 //   bench_charlm [--rounds N] [--steps-per-round N] [--per-round]
 // (--rounds: default 41, a smaller N for a quick smoke run; --steps-per-round: default 2;
 // --per-round: a line per round and contender with its rate, each step's milliseconds, the minor
@@ -317,14 +318,14 @@ int main(int argc, char** argv) {
     tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
     std::size_t rounds = 41;  // 41: a steady median on a shared machine
     bool per_round = false;
-    std::size_t steps_per_round_setting = 2;
+    std::size_t steps_per_round = 2;
     try {  // numbers read the way every program of the project reads them (tools/options.hpp)
         for (int a = 1; a < argc; ++a) {
             const std::string argument = argv[a];
             if (argument == "--per-round") {
                 per_round = true;
             } else if (argument == "--steps-per-round" && a + 1 < argc) {
-                steps_per_round_setting =
+                steps_per_round =
                     cli::integer_argument("--steps-per-round", argv[++a], std::size_t{1}, std::size_t{1000});
             } else if (argument == "--rounds" && a + 1 < argc) {
                 rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
@@ -357,7 +358,6 @@ int main(int argc, char** argv) {
     ours_float.emplace_back(settings, AttentionKernel::fused, corpus);
     const TransformerConfig& c = ours.front().trainer.config();
     const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
-    const std::size_t steps_per_round = steps_per_round_setting;
     std::vector<double> theirs_rates, theirs_float_rates;
 
     print_tapegrad_gemm_rate<double>(static_cast<std::size_t>(tokens_per_step), c.width);
