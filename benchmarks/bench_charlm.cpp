@@ -195,12 +195,16 @@ struct Side {
     std::vector<double> rates;
 };
 
+// The highest rate of a contender's rounds (0 when it ran none: no LibTorch).
+double best_of(const std::vector<double>& rates) {
+    return rates.empty() ? 0.0 : *std::max_element(rates.begin(), rates.end());
+}
+
 // The median, best and overall lines of one tapegrad side against LibTorch's rates in the same
 // dtype (none without LibTorch). Every round times the same tokens, so all rounds' tokens over all
 // rounds' time (the run's throughput) is the harmonic mean of the rates.
 template <class T>
 void print_lines(const Side<T>& side, const std::vector<double>& theirs, const TransformerConfig& c) {
-    const auto best = [](const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); };
     const auto overall = [](const std::vector<double>& v) {
         double seconds_per_token = 0;
         for (const double rate : v) seconds_per_token += 1.0 / rate;
@@ -215,7 +219,7 @@ void print_lines(const Side<T>& side, const std::vector<double>& theirs, const T
                    dtype_name<T>());
     };
     line("median", median(side.rates), theirs.empty() ? 0.0 : median(theirs));
-    line("best", best(side.rates), best(theirs));
+    line("best", best_of(side.rates), best_of(theirs));
     line("overall", overall(side.rates), overall(theirs));
 }
 
@@ -286,15 +290,10 @@ void bench_two_threads(const CharLmSettings& defaults, const Corpus& corpus, std
         two_rates.push_back(rate(two, 2));
     }
     set_threads(1);
-    bool same = true;
-    for (std::size_t i = 0; i < one.parameters().size(); ++i) {
-        const auto a = one.parameters()[i].data(), b = two.parameters()[i].data();
-        same = same && std::equal(a.begin(), a.end(), b.begin(), b.end());
-    }
+    const bool same = one.parameters() == two.parameters();  // shapes and every element
     if (!same) fmt::print("WARNING: the one- and two-thread trainers' parameters differ\n");
-    for (const auto& [statistic, of] :
-         {std::pair{"median", +[](const std::vector<double>& v) { return median(v); }},
-          std::pair{"best", +[](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }}}) {
+    for (const auto& [statistic, of] : {std::pair{"median", +[](const std::vector<double>& v) { return median(v); }},
+                                        std::pair{"best", +[](const std::vector<double>& v) { return best_of(v); }}}) {
         fmt::print(
             "charlm_threads dtype=float32 statistic={} one_tape_one_thread_tokens_per_s={:.0f} "
             "two_micro_batches_one_thread_tokens_per_s={:.0f} two_micro_batches_two_threads_tokens_per_s={:.0f} "

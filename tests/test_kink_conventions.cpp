@@ -31,7 +31,6 @@ using namespace tapegrad;
 
 namespace {
 
-
 // relu with relu'(0) = 1 (a fault control).
 struct ReluOneAtZero : Relu {
     static constexpr std::string_view name = "relu with derivative 1 at 0";
