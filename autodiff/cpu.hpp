@@ -1,5 +1,5 @@
 /// \file
-/// The compiled part of tapegrad: the float/double kernels (matrix-product row blocks, softmax rows,
+/// The compiled part of tapegrad: the float/double kernels (matrix-product blocks, softmax rows,
 /// fused attention's tile rows) are compiled once per instruction-set level inside the library
 /// (src/cpu/), and the best level this CPU supports is chosen at run time, so a user's plain
 /// Release build gets AVX2 or AVX-512 code without any flag. This header declares the level API
@@ -51,6 +51,10 @@ inline constexpr bool has_compiled_kernels = std::is_same_v<T, double> || std::i
 namespace kernels {
 /// The three forms of a matrix product the VJPs need (autodiff/kernels.hpp says which is which).
 enum class Form { ab, abT, aTb };
+/// A block of C: rows [first_row, first_row + rows), columns [first_col, first_col + cols).
+struct Block {
+    std::size_t first_row, rows, first_col, cols;
+};
 }  // namespace kernels
 
 /// The engine's kernels (products, the tape's NaN scan, the dual planes), compiled once per level for
@@ -60,9 +64,9 @@ enum class Form { ab, abT, aTb };
 /// ops/fast/kernels.hpp: adding an op's kernel does not touch the engine.
 template <class T>
 struct EngineKernels {
-    /// Rows [first, first + rows) of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
-    void (*gemm_rows)(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
-                      bool accumulate, std::size_t first, std::size_t rows);
+    /// One block of C (m×n) = op(A)·op(B), or += when accumulate, on the calling thread.
+    void (*gemm_block)(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+                       bool accumulate, kernels::Block block);
     /// Whether any of x[0..n) is NaN (the tape's check of every value and gradient it stores).
     bool (*any_nan)(const T* x, std::size_t n);
     /// n pairs (the value and tangent of n duals, autodiff/dual_kernels.hpp) into two planes,

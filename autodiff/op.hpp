@@ -28,8 +28,9 @@
 ///   struct derived from an op, such as a test's deliberately broken variant, names a different
 ///   type and so inherits none of its base's hooks):
 ///     - `vjp_all(settings, at, grads)` in place of `vjp`: every input's contribution in one call,
-///       for an op whose per-input VJPs share most of their work; grads[k] is nullptr when input k
-///       needs no gradient. An op has exactly one of vjp and vjp_all.
+///       for an op whose per-input VJPs share most of their work or run better together (matmul
+///       runs its two side by side); grads[k] is nullptr when input k needs no gradient. An op
+///       has exactly one of vjp and vjp_all.
 ///     - `update(settings, before, after, out_before, out) -> bool`: replays the op after some inputs
 ///       changed, from the recorded inputs and output, doing work only for what changed (the
 ///       checker's 50-digit replays). Returns false to decline (the replay then calls forward).

@@ -14,6 +14,7 @@
 #include "autodiff/tape.hpp"
 #include "ops/fast/matmul_update.hpp"
 
+#include <span>
 #include <vector>
 
 namespace tapegrad {
@@ -48,8 +49,27 @@ struct MatMul {
         }
     }
 
+    /// Both inputs' contributions. When one of the two products is too small or too narrow to be
+    /// split over the threads by itself (kernels::split_of; in attention at T = 1024, dW = Xᵀ·dQ
+    /// of each projection is 64×64) and both are large enough to pay for a hand-over, they run
+    /// side by side (dA = G·Bᵀ and dB = Aᵀ·G are both m·k·n multiply-adds). Each is still computed
+    /// as gemm computes it alone, so the result does not depend on it.
     template <Scalar T>
-    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
+    static void vjp_all(const Settings& s, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        const Dims d = dims(*at.in[0], *at.in[1]);
+        using kernels::Split, kernels::split_of;
+        if (grads[0] != nullptr && grads[1] != nullptr && d.batch * d.m * d.k * d.n >= kernels::side_by_side_madds &&
+            (split_of(d.m, d.k, d.n) == Split::none || split_of(d.k, d.n, d.m) == Split::none)) {
+            parallel_for(2, [&](std::size_t which, unsigned) { input_gradient(s, at, which, *grads[which]); });
+            return;
+        }
+        for (std::size_t which = 0; which < 2; ++which) {
+            if (grads[which] != nullptr) input_gradient(s, at, which, *grads[which]);
+        }
+    }
+    /// Input `which`'s contribution: dA = G·Bᵀ (which = 0) or dB = Aᵀ·G (which = 1).
+    template <Scalar T>
+    static void input_gradient(const Settings&, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
         const Tensor<T>& A = *at.in[0];
         const Tensor<T>& B = *at.in[1];
         const Dims d = dims(A, B);
@@ -64,7 +84,6 @@ struct MatMul {
             }
         }
     }
-
     /// Speed hook (autodiff/op.hpp): a replay adds only what the changed entries change
     /// (C' = C + ΔA·B' + A·ΔB, see ops/fast/matmul_update.hpp).
     template <Scalar T>

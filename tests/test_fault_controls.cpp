@@ -73,7 +73,7 @@ struct MatMulWithoutTransposeInDA : MatMul {
     static constexpr std::string_view name = "matmul with dA = G·B";
     template <Scalar T>
     static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& grad) {
-        if (which == 1) return MatMul::vjp(s, at, which, grad);
+        if (which == 1) return MatMul::input_gradient(s, at, which, grad);
         const Tensor<T>& B = *at.in[1];
         const Tensor<T>& G = at.G;
         kernels::gemm(kernels::Form::ab, G.rows(), B.cols(), G.cols(), G.data().data(), B.data().data(),

@@ -198,9 +198,9 @@ Tally check_op_kernels(const OpKernels<T>& kernels, std::uint64_t seed) {
 }
 
 // The engine's kernels: the NaN scan finds a NaN at every position (the tail's included) and none
-// in a clean row; the dual planes are exact copies; and the products' row blocks, with each of m,
-// n, k over the lengths, within the classical bound γ_k·(|A|·|B|) of the long-double product
-// (γ_k = k·u/(1 − k·u), whatever the order or FMA), rows outside [first, first + rows) untouched.
+// in a clean row; the dual planes are exact copies; and the products' blocks, with each of m, n, k
+// over the lengths, within the classical bound γ_k·(|A|·|B|) of the long-double product
+// (γ_k = k·u/(1 − k·u), whatever the order or FMA), the rows and columns outside the block untouched.
 template <class T>
 void scans_and_planes(const EngineKernels<T>& k, std::size_t n, Tally& tally) {
     std::vector<T> x(n, T(0.5));
@@ -222,16 +222,18 @@ void scans_and_planes(const EngineKernels<T>& k, std::size_t n, Tally& tally) {
 }
 
 template <class T>
-void product_rows(const EngineKernels<T>& kernel, kernels::Form form, std::size_t m, std::size_t n, std::size_t k,
-                  std::mt19937_64& rng, Tally& tally) {
+void product_block(const EngineKernels<T>& kernel, kernels::Form form, std::size_t m, std::size_t n, std::size_t k,
+                   std::mt19937_64& rng, Tally& tally) {
     const std::vector<T> A = draws<T>(m * k, 1.0, rng), B = draws<T>(k * n, 1.0, rng);
-    const std::size_t first = m > 2 ? 1 : 0, rows = m > 2 ? m - 2 : m;  // leave a row on each side
+    // Leave a row and a column on each side where there are more than two.
+    const kernels::Block block{m > 2 ? 1u : 0u, m > 2 ? m - 2 : m, n > 2 ? 1u : 0u, n > 2 ? n - 2 : n};
     std::vector<T> C(m * n, T(7));
-    kernel.gemm_rows(form, m, n, k, A.data(), B.data(), C.data(), false, first, rows);
+    kernel.gemm_block(form, m, n, k, A.data(), B.data(), C.data(), false, block);
     const Long gamma = Long(k) * u<T> / (1 - Long(k) * u<T>);
     for (std::size_t i = 0; i < m; ++i)
         for (std::size_t j = 0; j < n; ++j) {
-            const bool inside = i >= first && i < first + rows;
+            const bool inside = i >= block.first_row && i < block.first_row + block.rows && j >= block.first_col &&
+                                j < block.first_col + block.cols;
             Long exact = 0, magnitude = 0;
             for (std::size_t p = 0; p < k; ++p) {
                 const Long a = form == kernels::Form::aTb ? A[p * m + i] : A[i * k + p];
@@ -240,7 +242,7 @@ void product_rows(const EngineKernels<T>& kernel, kernels::Form form, std::size_
                 magnitude += std::abs(a * b);
             }
             const bool ok = inside ? std::abs(Long(C[i * n + j]) - exact) <= gamma * magnitude : C[i * n + j] == T(7);
-            tally.expect(ok, fmt::format("gemm_rows form {} m={} n={} k={} at ({}, {})", int(form), m, n, k, i, j));
+            tally.expect(ok, fmt::format("gemm_block form {} m={} n={} k={} at ({}, {})", int(form), m, n, k, i, j));
         }
 }
 
@@ -254,10 +256,10 @@ Tally check_engine_kernels(const EngineKernels<T>& kernels, std::uint64_t seed) 
     for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
         for (const std::size_t length : row_lengths()) {
             if (length > 40 && length != 65 && length != 130) continue;
-            product_rows(kernels, form, length, 9, 13, rng, tally);
-            product_rows(kernels, form, 6, length, 13, rng, tally);
-            product_rows(kernels, form, 6, 9, length, rng, tally);
-            product_rows(kernels, form, 3, 2, std::min<std::size_t>(length, 12), rng, tally);
+            product_block(kernels, form, length, 9, 13, rng, tally);
+            product_block(kernels, form, 6, length, 13, rng, tally);
+            product_block(kernels, form, 6, 9, length, rng, tally);
+            product_block(kernels, form, 3, 2, std::min<std::size_t>(length, 12), rng, tally);
         }
     }
     return tally;
@@ -279,8 +281,8 @@ void check_every_level(const char* type) {
 }
 
 // Fault controls: the active level's kernels with one entry replaced by a variant whose tail is
-// wrong. A sum that drops the elements past the last multiple of 4, and a GEMM row block that
-// leaves its last column unwritten when n is odd: both must fail here, at the lengths with such a
+// wrong. A sum that drops the elements past the last multiple of 4, and a GEMM block that
+// leaves its last column unwritten when its width is odd: both must fail here, at the lengths with such a
 // remainder, while the correct kernels pass the same comparisons.
 template <class T>
 T sum_dropping_the_tail(const T* x, std::size_t n) {
@@ -288,12 +290,14 @@ T sum_dropping_the_tail(const T* x, std::size_t n) {
 }
 
 template <class T>
-void gemm_rows_missing_the_last_odd_column(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A,
-                                           const T* B, T* C, bool accumulate, std::size_t first, std::size_t rows) {
+void gemm_block_missing_the_last_odd_column(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A,
+                                            const T* B, T* C, bool accumulate, kernels::Block block) {
     std::vector<T> kept(C, C + m * n);
-    engine_kernels<T>().gemm_rows(form, m, n, k, A, B, C, accumulate, first, rows);
-    if (n % 2 == 1 && n > 1)
-        for (std::size_t i = first; i < first + rows; ++i) C[i * n + n - 1] = kept[i * n + n - 1];
+    engine_kernels<T>().gemm_block(form, m, n, k, A, B, C, accumulate, block);
+    const std::size_t last = block.first_col + block.cols - 1;
+    if (block.cols % 2 == 1 && block.cols > 1)
+        for (std::size_t i = block.first_row; i < block.first_row + block.rows; ++i)
+            C[i * n + last] = kept[i * n + last];
 }
 
 }  // namespace
@@ -311,8 +315,8 @@ BOOST_AUTO_TEST_CASE(a_kernel_whose_remainder_drops_a_term_is_rejected) {
     BOOST_TEST(check_op_kernels(op_kernels<double>(), 41).failures == 0u);
 
     EngineKernels<float> broken_engine = engine_kernels<float>();
-    broken_engine.gemm_rows = &gemm_rows_missing_the_last_odd_column<float>;
+    broken_engine.gemm_block = &gemm_block_missing_the_last_odd_column<float>;
     const Tally bad_engine = check_engine_kernels(broken_engine, 42);
-    BOOST_TEST_MESSAGE("gemm_rows missing the last odd column: " << bad_engine.summary());
+    BOOST_TEST_MESSAGE("gemm_block missing the last odd column: " << bad_engine.summary());
     BOOST_TEST(bad_engine.failures > 0u);
 }

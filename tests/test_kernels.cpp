@@ -1,6 +1,7 @@
 // The float/double GEMM kernels: each of the three forms (A·B, A·Bᵀ, Aᵀ·B) agrees with the
-// generic loop the multiprecision path uses (run in long double), and splitting a large product over threads gives the
-// same result as one thread.
+// generic loop the multiprecision path uses (run in long double), and splitting a large product
+// over threads (by rows, or by columns when C has few rows) gives one thread's result bit for bit;
+// so do matmul's two gradients computed side by side.
 #define BOOST_TEST_MODULE kernels
 #include "support.hpp"
 
@@ -36,6 +37,7 @@ BOOST_AUTO_TEST_CASE(threaded_products_match_one_thread_and_the_reference_loop) 
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), one.data(), false);
         set_threads(2);
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), two.data(), false);
+        BOOST_TEST((two == one), "form " << int(form) << ": row blocks differ from one thread");
         // Accumulate mode adds onto what is there: C + A·B = 2·(A·B).
         kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), two.data(), true);
         for (double& x : two) x /= 2;
@@ -45,4 +47,140 @@ BOOST_AUTO_TEST_CASE(threaded_products_match_one_thread_and_the_reference_loop) 
         BOOST_TEST(max_mixed(two, reference) <= 1e-12);
         BOOST_TEST(max_mixed(two, one) <= 1e-12);
     }
+}
+
+// Which cut gemm makes (kernels::split_of): the shapes of the tests here take the one they are named for.
+BOOST_AUTO_TEST_CASE(products_are_cut_by_rows_by_columns_or_not_at_all) {
+    using kernels::Split, kernels::split_of;
+    BOOST_TEST((split_of(300, 260, 200) == Split::rows));
+    BOOST_TEST((split_of(64, 1024, 1024) == Split::columns));  // d × T, as Qᵀ·dS in attention
+    BOOST_TEST((split_of(64, 64, 1024) == Split::none));       // too few rows and columns to cut
+    BOOST_TEST((split_of(1024, 64, 32) == Split::none));       // too small to pay for a hand-over
+}
+
+namespace {
+
+// C = op(A)·op(B) for C of 64 rows and 1024 columns, 1024 deep, on `threads` threads, and in
+// long double by the generic loop.
+template <class T>
+std::vector<T> wide_product(kernels::Form form, const std::vector<T>& A, const std::vector<T>& B, unsigned threads) {
+    constexpr std::size_t m = 64, n = 1024, k = 1024;
+    std::vector<T> C(m * n);
+    set_threads(threads);
+    kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false);
+    set_threads(0);
+    return C;
+}
+
+template <class T>
+std::vector<T> draws(std::size_t count, std::mt19937_64& rng) {
+    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+    std::vector<T> x(count);
+    for (T& v : x) v = T(uniform(rng));
+    return x;
+}
+
+template <class T>
+void wide_products_match_one_thread(const char* type) {
+    constexpr std::size_t m = 64, n = 1024, k = 1024;
+    std::mt19937_64 rng(6);
+    const std::vector<T> A = draws<T>(m * k, rng), B = draws<T>(k * n, rng);
+    for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
+        const std::vector<T> one = wide_product(form, A, B, 1), two = wide_product(form, A, B, 2);
+        BOOST_TEST((two == one), type << " form " << int(form) << ": column blocks differ from one thread");
+        const std::vector<long double> A_long(A.begin(), A.end()), B_long(B.begin(), B.end());
+        std::vector<long double> reference(m * n);
+        kernels::gemm(form, m, n, k, A_long.data(), B_long.data(), reference.data(), false);
+        // Sums of k = 1024 products of values in [-1, 1]: rounding below γ_k·Σ|terms| ≈ k·u·k = k²·u
+        // (6.3e-2 in float, 1.2e-10 in double), far below what a wrong element would be off by.
+        const double bound = double(k) * double(k) * std::numeric_limits<T>::epsilon() / 2;
+        double worst = 0;
+        for (std::size_t x = 0; x < m * n; ++x) worst = std::max(worst, double(std::abs(one[x] - reference[x])));
+        BOOST_TEST(worst <= bound, type << " form " << int(form) << ": off by " << worst);
+    }
+}
+
+}  // namespace
+
+// Qᵀ·dS in attention (d × T) has too few rows to cut: it is cut into blocks of columns, the same
+// blocks on any number of threads, so the result is one thread's bit for bit.
+BOOST_AUTO_TEST_CASE(products_cut_by_columns_match_one_thread_bit_for_bit) {
+    wide_products_match_one_thread<float>("float");
+    wide_products_match_one_thread<double>("double");
+}
+
+// Why the column blocks must not follow the thread count: the same float product cut into thirds
+// (blocks of 342 columns, as three threads would cut 1024) rounds differently from the fixed
+// blocks of 256 at every level, so the bitwise comparison above would tell the two apart.
+BOOST_AUTO_TEST_CASE(column_blocks_at_other_starts_round_differently) {
+    static_assert(kernels::columns_per_block == 256);
+    constexpr std::size_t m = 64, n = 1024, k = 1024, third = 342;
+    std::mt19937_64 rng(6);
+    const std::vector<float> A = draws<float>(m * k, rng), B = draws<float>(k * n, rng);
+    const std::vector<float> fixed = wide_product(kernels::Form::ab, A, B, 1);
+    std::vector<float> thirds(m * n);
+    for (std::size_t first = 0; first < n; first += third) {
+        engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), thirds.data(), false,
+                                           {0, m, first, std::min(third, n - first)});
+    }
+    BOOST_TEST(!(thirds == fixed));
+}
+
+// Why row blocks are multiples of kernels::row_granule: a product of the row-block test's shape
+// cut at row 150 (as two threads cut 300 rows before the granule) rounds differently from one
+// thread (in float at every level; in double at the AVX-512 level), so a bitwise comparison tells
+// such blocks apart; cut at row 160 it does not.
+BOOST_AUTO_TEST_CASE(row_blocks_cut_off_the_granule_round_differently) {
+    constexpr std::size_t m = 300, n = 260, k = 200;
+    std::mt19937_64 rng(4);
+    const std::vector<float> A = draws<float>(m * k, rng), B = draws<float>(k * n, rng);
+    const auto cut_at = [&](std::size_t row) {
+        std::vector<float> C(m * n);
+        for (const kernels::Block block : {kernels::Block{0, row, 0, n}, kernels::Block{row, m - row, 0, n}}) {
+            engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), C.data(), false, block);
+        }
+        return C;
+    };
+    std::vector<float> whole(m * n);
+    engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), whole.data(), false,
+                                       {0, m, 0, n});
+    BOOST_TEST(!(cut_at(150) == whole));
+    BOOST_TEST((cut_at(160) == whole));
+}
+
+// matmul's dA = G·Bᵀ and dB = Aᵀ·G run side by side when one cannot be cut (dW = Xᵀ·G of a
+// projection, 64 × 64): the gradients are one thread's bit for bit, and the right ones.
+BOOST_AUTO_TEST_CASE(matmul_gradients_side_by_side_match_one_thread) {
+    constexpr std::size_t T = 1024, D = 64, d = 64;
+    using kernels::Split, kernels::split_of;
+    BOOST_TEST((split_of(D, d, T) == Split::none));  // dW: one thread
+    BOOST_TEST(T * D * d >= kernels::side_by_side_madds);
+    std::mt19937_64 rng(8);
+    const Tensor<double> x = testing::random_tensor({T, D}, rng), w = testing::random_tensor({D, d}, rng),
+                         g = testing::random_tensor({T, d}, rng);
+    const auto gradients = [&](unsigned threads) {
+        set_threads(threads);
+        Tape<double> tape;
+        const Var<double> X = tape.leaf(x), W = tape.leaf(w);
+        tape.backward(matmul(X, W), g);
+        set_threads(0);
+        return std::pair{X.grad(), W.grad()};
+    };
+    const auto [dX_one, dW_one] = gradients(1);
+    const auto [dX_two, dW_two] = gradients(2);
+    BOOST_TEST((dX_two == dX_one));
+    BOOST_TEST((dW_two == dW_one));
+    // Against the generic loop in long double: sums of at most T = 1024 products of values in
+    // [-1, 1], rounding below γ_T·Σ|terms| ≈ T·u·T = T²·u = 1.2e-10.
+    const auto reference = [](kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const Tensor<double>& a,
+                              const Tensor<double>& b) {
+        const Tensor<long double> a_long = tensor_cast<long double>(a), b_long = tensor_cast<long double>(b);
+        std::vector<long double> c(m * n);
+        kernels::gemm(form, m, n, k, a_long.data().data(), b_long.data().data(), c.data(), false);
+        return std::vector<double>(c.begin(), c.end());
+    };
+    const std::vector<double> dX_data(dX_one.data().begin(), dX_one.data().end());
+    const std::vector<double> dW_data(dW_one.data().begin(), dW_one.data().end());
+    BOOST_TEST(max_mixed(dX_data, reference(kernels::Form::abT, T, D, d, g, w)) <= 1.2e-10);
+    BOOST_TEST(max_mixed(dW_data, reference(kernels::Form::aTb, D, d, T, x, g)) <= 1.2e-10);
 }

@@ -1,7 +1,7 @@
 // The shape ops: reshape, concat, slice, permute.
 //   * every op and case through the 50-digit checker and by an explicit seed on its own output
 //     (the op table: one line per op and case, on several random dimensions);
-//   * their values against indices worked out by hand;
+//   * their values against indices worked out by hand (and transpose's, both ways round);
 //   * the key-value cache: keys and values grown by concat of each new block along time, attention
 //     over the grown cache equals the full causal pass, and gradients reach every block through
 //     the concats (to 1e-12 in double, and at 50 digits through the checker);
@@ -278,6 +278,27 @@ BOOST_AUTO_TEST_CASE(permute_agrees_with_transpose_and_split_heads) {
     // split_heads with 2 heads: [B, T, H·dh] -> [B, H, T, dh] is reshape to [B, T, H, dh], then (0, 2, 1, 3).
     const Var<double> heads = permute(reshape(X, Shape{2, 3, 2, 4}), {0, 2, 1, 3}), split = split_heads(X, 2);
     BOOST_TEST((heads.value() == split.value()));
+}
+
+// transpose copies tile by tile, walking the longer rows contiguously: both ways round (m > n,
+// the writes contiguous; m <= n, the reads), with partial tiles, and a batch, every element where
+// Y_ji = X_ij puts it, and the VJP (the other way round) back where it came from.
+BOOST_AUTO_TEST_CASE(transpose_moves_every_element_both_ways_round) {
+    std::mt19937_64 rng(5);
+    for (const Shape shape : {Shape{40, 17}, Shape{17, 40}, Shape{16, 16}, Shape{3, 1024, 64}, Shape{64, 1024}}) {
+        Tape<double> tape;
+        const Var<double> X = tape.leaf(random_tensor(shape, rng));
+        const Var<double> Y = transpose(X);
+        const std::size_t m = shape.rows(), n = shape.cols(), batch = shape.size() / (m * n);
+        bool moved = true;
+        for (std::size_t b = 0; b < batch; ++b)
+            for (std::size_t i = 0; i < m; ++i)
+                for (std::size_t j = 0; j < n; ++j)
+                    moved = moved && Y.value()[b * m * n + j * m + i] == X.value()[b * m * n + i * n + j];
+        BOOST_TEST(moved, shape.to_string());
+        tape.backward(Y, Y.value());
+        BOOST_TEST((X.grad() == X.value()), shape.to_string());
+    }
 }
 
 // The key-value cache: each step brings a block of new time steps; its keys and values are

@@ -265,7 +265,7 @@ struct Gradients {
 };
 
 Gradients attention_gradients(std::uint64_t seed) {
-    constexpr std::size_t T = 256, D = 32, d = 64;
+    constexpr std::size_t T = 256, D = 32, d = 32;
     static_assert(T * T * d < kernels::parallel_madds);
     std::mt19937_64 rng(seed);
     const Tensor<double> x = testing::random_tensor({T, D}, rng), w_q = testing::random_tensor({D, d}, rng),

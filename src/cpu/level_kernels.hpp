@@ -23,18 +23,18 @@
 namespace tapegrad::cpu_detail {
 namespace {
 
-// Products with k + rows + n below this go through small_product (Eigen's own threshold for its
+// Blocks with k + rows + cols below this go through small_product (Eigen's own threshold for its
 // coefficient-wise path, EIGEN_GEMM_TO_COEFFBASED_THRESHOLD): below it the blocked GEMM's set-up
 // costs more than the product.
 constexpr std::size_t small_product_size = 20;
 
-// Rows [first, first + rows) of C (+)= op(A)·op(B) by plain loops, each C entry summed over p in
-// order (no reassociation, so the same bits wherever the buffers lie).
+// A block of C (+)= op(A)·op(B) by plain loops, each C entry summed over p in order (no
+// reassociation, so the same bits wherever the buffers lie).
 template <class T>
 void small_product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
-                   bool accumulate, std::size_t first, std::size_t rows) {
-    for (std::size_t i = first; i < first + rows; ++i)
-        for (std::size_t j = 0; j < n; ++j) {
+                   bool accumulate, kernels::Block block) {
+    for (std::size_t i = block.first_row; i < block.first_row + block.rows; ++i)
+        for (std::size_t j = block.first_col; j < block.first_col + block.cols; ++j) {
             T dot = 0;
             for (std::size_t p = 0; p < k; ++p) {
                 const T a = form == kernels::Form::aTb ? A[p * m + i] : A[i * k + p];
@@ -45,31 +45,38 @@ void small_product(kernels::Form form, std::size_t m, std::size_t n, std::size_t
         }
 }
 
-// Rows [first, first + rows) of C (m×n) = op(A)·op(B) or += (row-major buffers):
+// A block of C (m×n) = op(A)·op(B) or += (row-major buffers):
 // ab: A is m×k, B is k×n.  abT: A is m×k, B is n×k.  aTb: A is k×m, B is k×n.
 template <class T>
-void gemm_rows(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
-               bool accumulate, std::size_t first, std::size_t rows) {
-    if (k + rows + n < small_product_size) {
-        small_product(form, m, n, k, A, B, C, accumulate, first, rows);
+void gemm_block(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+                bool accumulate, kernels::Block block) {
+    if (k + block.rows + block.cols < small_product_size) {
+        small_product(form, m, n, k, A, B, C, accumulate, block);
         return;
     }
     using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
     using ConstMap = Eigen::Map<const Matrix>;
     const auto mi = Eigen::Index(m), ni = Eigen::Index(n), ki = Eigen::Index(k);
-    const auto f = Eigen::Index(first), r = Eigen::Index(rows);
-    auto c_rows = Eigen::Map<Matrix>(C, mi, ni).middleRows(f, r);
+    const auto i0 = Eigen::Index(block.first_row), rows = Eigen::Index(block.rows);
+    const auto j0 = Eigen::Index(block.first_col), cols = Eigen::Index(block.cols);
+    auto c_block = Eigen::Map<Matrix>(C, mi, ni).block(i0, j0, rows, cols);
     const auto product = [&](const auto& expression) {
         if (accumulate) {
-            c_rows.noalias() += expression;
+            c_block.noalias() += expression;
         } else {
-            c_rows.noalias() = expression;
+            c_block.noalias() = expression;
         }
     };
     switch (form) {
-        case kernels::Form::ab: product(ConstMap(A, mi, ki).middleRows(f, r) * ConstMap(B, ki, ni)); break;
-        case kernels::Form::abT: product(ConstMap(A, mi, ki).middleRows(f, r) * ConstMap(B, ni, ki).transpose()); break;
-        case kernels::Form::aTb: product(ConstMap(A, ki, mi).middleCols(f, r).transpose() * ConstMap(B, ki, ni)); break;
+        case kernels::Form::ab:
+            product(ConstMap(A, mi, ki).middleRows(i0, rows) * ConstMap(B, ki, ni).middleCols(j0, cols));
+            break;
+        case kernels::Form::abT:
+            product(ConstMap(A, mi, ki).middleRows(i0, rows) * ConstMap(B, ni, ki).middleRows(j0, cols).transpose());
+            break;
+        case kernels::Form::aTb:
+            product(ConstMap(A, ki, mi).middleCols(i0, rows).transpose() * ConstMap(B, ki, ni).middleCols(j0, cols));
+            break;
     }
 }
 
@@ -261,7 +268,7 @@ void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
 // This level's tables, filled by name.
 template <class T>
 constexpr EngineKernels<T> engine_kernels_for() {
-    return {.gemm_rows = &gemm_rows<T>,
+    return {.gemm_block = &gemm_block<T>,
             .any_nan = &any_nan<T>,
             .deinterleave = &deinterleave<T>,
             .interleave = &interleave<T>};
