@@ -84,6 +84,7 @@ struct MatMul {
             }
         }
     }
+
     /// Speed hook (autodiff/op.hpp): a replay adds only what the changed entries change
     /// (C' = C + ΔA·B' + A·ΔB, see ops/fast/matmul_update.hpp).
     template <Scalar T>

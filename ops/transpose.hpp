@@ -46,6 +46,7 @@ struct Transpose {
                 }
             }
     }
+
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
         swap_last_two(*in[0], out);
