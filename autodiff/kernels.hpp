@@ -5,9 +5,10 @@
 /// autodiff/cpu.hpp); any other scalar (the 50-digit reference type) takes a plain loop ordered
 /// for contiguous access. A large float/double product is split over the library's threads
 /// (autodiff/parallel.hpp) into blocks of rows of C, or of columns when C has few rows; either way
-/// each element comes out as one thread computes it (gemm says how). Products of dual matrices (forward mode) are an overload in autodiff/dual_kernels.hpp,
-/// which includes this file: code that calls kernels::gemm on any scalar (the ops) includes that one,
-/// so the dual overload is declared wherever the call is.
+/// each element comes out as one thread computes it (gemm says how). Products of dual matrices
+/// (forward mode) are an overload in autodiff/dual_kernels.hpp, which includes this file: code that
+/// calls kernels::gemm on any scalar (the ops) includes that one, so the dual overload is declared
+/// wherever the call is.
 #pragma once
 
 #include "autodiff/cpu.hpp"
