@@ -16,6 +16,17 @@ double max_mixed(const std::vector<double>& a, const std::vector<double>& b) {
     return worst;
 }
 
+// C = op(A)·op(B) by the generic loop (the multiprecision path) in long double, rounded to double:
+// the reference (64-bit significand: its own error is ~k·5e-20, far below every tolerance here).
+template <class T>
+std::vector<double> reference_product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k,
+                                      std::span<const T> A, std::span<const T> B) {
+    const std::vector<long double> A_long(A.begin(), A.end()), B_long(B.begin(), B.end());
+    std::vector<long double> C(m * n);
+    kernels::gemm(form, m, n, k, A_long.data(), B_long.data(), C.data(), false);
+    return std::vector<double>(C.begin(), C.end());
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(threaded_products_match_one_thread_and_the_reference_loop) {
@@ -25,12 +36,7 @@ BOOST_AUTO_TEST_CASE(threaded_products_match_one_thread_and_the_reference_loop) 
     std::mt19937_64 rng(4);
     const Tensor<double> A = testing::random_tensor({m * k}, rng), B = testing::random_tensor({k * n}, rng);
     for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
-        // The generic loop (the multiprecision path) in long double, rounded to double: the
-        // reference (64-bit significand: its own error is ~k·5e-20, far below the tolerance).
-        const Tensor<long double> A_long = tensor_cast<long double>(A), B_long = tensor_cast<long double>(B);
-        std::vector<long double> C_long(m * n);
-        kernels::gemm(form, m, n, k, A_long.data().data(), B_long.data().data(), C_long.data(), false);
-        const std::vector<double> reference(C_long.begin(), C_long.end());
+        const std::vector<double> reference = reference_product(form, m, n, k, A.data(), B.data());
 
         std::vector<double> one(m * n), two(m * n);
         set_threads(1);
@@ -60,37 +66,33 @@ BOOST_AUTO_TEST_CASE(products_are_cut_by_rows_by_columns_or_not_at_all) {
 
 namespace {
 
-// C = op(A)·op(B) for C of 64 rows and 1024 columns, 1024 deep, on `threads` threads, and in
-// long double by the generic loop.
+// C = op(A)·op(B) for C of 64 rows and 1024 columns, 1024 deep, on `threads` threads.
 template <class T>
-std::vector<T> wide_product(kernels::Form form, const std::vector<T>& A, const std::vector<T>& B, unsigned threads) {
+std::vector<T> wide_product(kernels::Form form, const Tensor<T>& A, const Tensor<T>& B, unsigned threads) {
     constexpr std::size_t m = 64, n = 1024, k = 1024;
     std::vector<T> C(m * n);
     set_threads(threads);
-    kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false);
+    kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), C.data(), false);
     set_threads(0);
     return C;
 }
 
+// A and B of the given sizes, drawn uniformly from [-1, 1] (testing::random_tensor) and rounded to T.
 template <class T>
-std::vector<T> draws(std::size_t count, std::mt19937_64& rng) {
-    std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-    std::vector<T> x(count);
-    for (T& v : x) v = T(uniform(rng));
-    return x;
+std::pair<Tensor<T>, Tensor<T>> operands(std::size_t a_size, std::size_t b_size, std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    Tensor<T> A = tensor_cast<T>(testing::random_tensor({a_size}, rng));
+    return {std::move(A), tensor_cast<T>(testing::random_tensor({b_size}, rng))};
 }
 
 template <class T>
 void wide_products_match_one_thread(const char* type) {
     constexpr std::size_t m = 64, n = 1024, k = 1024;
-    std::mt19937_64 rng(6);
-    const std::vector<T> A = draws<T>(m * k, rng), B = draws<T>(k * n, rng);
+    const auto [A, B] = operands<T>(m * k, k * n, 6);
     for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
         const std::vector<T> one = wide_product(form, A, B, 1), two = wide_product(form, A, B, 2);
         BOOST_TEST((two == one), type << " form " << int(form) << ": column blocks differ from one thread");
-        const std::vector<long double> A_long(A.begin(), A.end()), B_long(B.begin(), B.end());
-        std::vector<long double> reference(m * n);
-        kernels::gemm(form, m, n, k, A_long.data(), B_long.data(), reference.data(), false);
+        const std::vector<double> reference = reference_product(form, m, n, k, A.data(), B.data());
         // Sums of k = 1024 products of values in [-1, 1]: rounding below γ_k·Σ|terms| ≈ k·u·k = k²·u
         // (6.3e-2 in float, 1.2e-10 in double), far below what a wrong element would be off by.
         const double bound = double(k) * double(k) * std::numeric_limits<T>::epsilon() / 2;
@@ -115,13 +117,12 @@ BOOST_AUTO_TEST_CASE(products_cut_by_columns_match_one_thread_bit_for_bit) {
 BOOST_AUTO_TEST_CASE(column_blocks_at_other_starts_round_differently) {
     static_assert(kernels::columns_per_block == 256);
     constexpr std::size_t m = 64, n = 1024, k = 1024, third = 342;
-    std::mt19937_64 rng(6);
-    const std::vector<float> A = draws<float>(m * k, rng), B = draws<float>(k * n, rng);
+    const auto [A, B] = operands<float>(m * k, k * n, 6);
     const std::vector<float> fixed = wide_product(kernels::Form::ab, A, B, 1);
     std::vector<float> thirds(m * n);
     for (std::size_t first = 0; first < n; first += third) {
-        engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), thirds.data(), false,
-                                           {0, m, first, std::min(third, n - first)});
+        engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data().data(), B.data().data(), thirds.data(),
+                                           false, {0, m, first, std::min(third, n - first)});
     }
     BOOST_TEST(!(thirds == fixed));
 }
@@ -132,18 +133,19 @@ BOOST_AUTO_TEST_CASE(column_blocks_at_other_starts_round_differently) {
 // such blocks apart; cut at row 160 it does not.
 BOOST_AUTO_TEST_CASE(row_blocks_cut_off_the_granule_round_differently) {
     constexpr std::size_t m = 300, n = 260, k = 200;
-    std::mt19937_64 rng(4);
-    const std::vector<float> A = draws<float>(m * k, rng), B = draws<float>(k * n, rng);
-    const auto cut_at = [&](std::size_t row) {
+    const auto drawn = operands<float>(m * k, k * n, 4);  // (a lambda may not capture a structured binding in Clang 14)
+    const Tensor<float>& A = drawn.first;
+    const Tensor<float>& B = drawn.second;
+    const auto cut_into = [&](std::initializer_list<kernels::Block> blocks) {
         std::vector<float> C(m * n);
-        for (const kernels::Block block : {kernels::Block{0, row, 0, n}, kernels::Block{row, m - row, 0, n}}) {
-            engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), C.data(), false, block);
+        for (const kernels::Block block : blocks) {
+            engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data().data(), B.data().data(), C.data(),
+                                               false, block);
         }
         return C;
     };
-    std::vector<float> whole(m * n);
-    engine_kernels<float>().gemm_block(kernels::Form::ab, m, n, k, A.data(), B.data(), whole.data(), false,
-                                       {0, m, 0, n});
+    const auto cut_at = [&](std::size_t row) { return cut_into({{0, row, 0, n}, {row, m - row, 0, n}}); };
+    const std::vector<float> whole = cut_into({{0, m, 0, n}});
     BOOST_TEST(!(cut_at(150) == whole));
     BOOST_TEST((cut_at(160) == whole));
 }
@@ -172,15 +174,8 @@ BOOST_AUTO_TEST_CASE(matmul_gradients_side_by_side_match_one_thread) {
     BOOST_TEST((dW_two == dW_one));
     // Against the generic loop in long double: sums of at most T = 1024 products of values in
     // [-1, 1], rounding below γ_T·Σ|terms| ≈ T·u·T = T²·u = 1.2e-10.
-    const auto reference = [](kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const Tensor<double>& a,
-                              const Tensor<double>& b) {
-        const Tensor<long double> a_long = tensor_cast<long double>(a), b_long = tensor_cast<long double>(b);
-        std::vector<long double> c(m * n);
-        kernels::gemm(form, m, n, k, a_long.data().data(), b_long.data().data(), c.data(), false);
-        return std::vector<double>(c.begin(), c.end());
-    };
     const std::vector<double> dX_data(dX_one.data().begin(), dX_one.data().end());
     const std::vector<double> dW_data(dW_one.data().begin(), dW_one.data().end());
-    BOOST_TEST(max_mixed(dX_data, reference(kernels::Form::abT, T, D, d, g, w)) <= 1.2e-10);
-    BOOST_TEST(max_mixed(dW_data, reference(kernels::Form::aTb, D, d, T, x, g)) <= 1.2e-10);
+    BOOST_TEST(max_mixed(dX_data, reference_product(kernels::Form::abT, T, D, d, g.data(), w.data())) <= 1.2e-10);
+    BOOST_TEST(max_mixed(dW_data, reference_product(kernels::Form::aTb, D, d, T, x.data(), g.data())) <= 1.2e-10);
 }
