@@ -1,6 +1,8 @@
 // Saved tapes (io/tape_file.hpp): a recorded tape saved and loaded is the same graph bit for bit
 // (every node's op, inputs, label and value), so it checks exactly like the original: the graph of
-// every library op, the spec's attention, a transformer block, the retrieval model, a float tape.
+// every library op, the spec's attention, a transformer block, the retrieval model, a float tape;
+// every op's settings away from their defaults, and each setting changed in the file loads as that
+// change (a loader that dropped or mixed up a setting fails here).
 // Every file of the malformed corpus (tests/data/tape_files/bad_*.json) is refused with an
 // io_error naming the file, the node and the fault, and leaves the tape empty; a tape of a user's
 // op cannot be saved, and a save that fails leaves no file behind.
@@ -9,11 +11,17 @@
 
 #include "models/retrieval.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <bit>
+#include <charconv>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <random>
+#include <set>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -79,6 +87,104 @@ CheckOptions fast_mode() {
     return options;
 }
 
+// Every op that has settings, each setting away from its default (axes other than 0, keepdims
+// true where the default is false, the erf form, a causal fused attention with a query offset and
+// its own tiles, an embedding of sequences, ...): a loader that dropped one, or read it into the
+// wrong field, would give another graph, which expect_same_graph sees in the values or the text.
+Var<double> settings_graph(Tape<double>& tape) {
+    std::mt19937_64 rng(29);
+    Tensor<double> x = random_tensor({2, 4}, rng, 0.5);
+    for (double& v : x.data()) v += 1.0;  // in [0.5, 1.5): inside clamp's bounds, pow's and sqrt's domain
+    const Var<double> X = tape.leaf(x, "X");
+    const Var<double> E = tape.leaf(random_tensor({5, 4}, rng), "E");
+    const Var<double> gain = tape.leaf(random_tensor({4}, rng), "gain"), bias = tape.leaf(random_tensor({4}, rng), "bias");
+    const Var<double> keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}}));
+    const std::vector<std::size_t> rows{4, 0, 2, 1}, targets{3, 1};
+    const Var<double> a = pow(clamp(shift(scale(X, 0.75), 0.125), 0.25, 2.0), 1.5);            // scale shift clamp pow
+    const Var<double> b = layer_norm(gelu(dropout_with_mask(a, keep, 0.25), GeluForm::erf), gain, bias,
+                                     LayerNormSettings{1e-3});                                  // dropout gelu layer_norm
+    const Var<double> h = tanh(reshape(b, Shape{4, 2}));                                        // reshape
+    const Var<double> q = fused_attention(h, h, h, true, 2, FusedAttentionTiles{3, 2});        // fused_attention
+    // Each op whose settings decide its shape feeds a sum only, so that a changed setting the op
+    // accepts gives a graph that still records (the test below changes each setting).
+    const std::vector<Var<double>> terms{
+        sum(concat({b, a}, 1)), sum(slice(b, 1, 0, 2)), sum(embedding(E, rows, 2)),            // concat slice embedding
+        sum(permute(split_heads(b, 2), {0, 2, 1})),                                             // split_heads permute
+        sum(max(q, 1, true)), sum(mean(q, 0, false)), sum(sum(q, 1, true)), sum(logsumexp(q, 0, true)),
+        cross_entropy(b, targets)};
+    Var<double> J = terms[0];
+    for (std::size_t k = 1; k < terms.size(); ++k) J = add(J, terms[k]);
+    return J;
+}
+
+using Json = nlohmann::ordered_json;
+
+std::string hex_text(double x) {
+    std::array<char, 64> buffer{};
+    const auto end = std::to_chars(buffer.data(), buffer.data() + buffer.size(), x, std::chars_format::hex).ptr;
+    return std::string(buffer.data(), end);
+}
+
+// The document loaded and saved again, each node's declared shape changed to the one its op
+// records (a changed axis changes its node's shape and those after it); nothing when an op refuses
+// the changed graph.
+std::optional<Json> load_following_shapes(Json document, std::string_view name) {
+    const std::string said = "its output has shape [", file_says = "], the file says";
+    for (std::size_t attempt = 0; attempt < 32; ++attempt) {
+        try {
+            Tape<double> loaded;
+            const Var<double> out = parse_tape(document.dump(), name, loaded);
+            return Json::parse(tape_file_text(loaded, out));
+        } catch (const io_error& e) {
+            const std::string message = e.what();
+            const std::size_t at = message.find(said), node = message.find(": node "), end = message.find(file_says);
+            if (at == std::string::npos || node == std::string::npos || end == std::string::npos) return std::nullopt;
+            Json shape = Json::array();
+            std::string dims = message.substr(at + said.size(), end - at - said.size());
+            for (std::size_t k = 0; k < dims.size();) {  // "2x1x4"
+                std::size_t d = 0;
+                k = std::size_t(std::from_chars(dims.data() + k, dims.data() + dims.size(), d).ptr - dims.data()) + 1;
+                shape.push_back(d);
+            }
+            document["nodes"][std::stoul(message.substr(node + 7))]["shape"] = shape;
+        }
+    }
+    return std::nullopt;
+}
+
+// Other values for one saved setting: each kind of field changed in each way that can stay valid.
+std::vector<Json> changed_values(const Json& v) {
+    std::vector<Json> out;
+    if (v.is_boolean()) out.push_back(!v.get<bool>());
+    if (v.is_number_unsigned()) {
+        out.push_back(v.get<std::size_t>() + 1);
+        if (v.get<std::size_t>() > 0) out.push_back(v.get<std::size_t>() - 1);
+    }
+    if (v == "tanh" || v == "erf") out.push_back(v == "tanh" ? "erf" : "tanh");
+    double x = 0;
+    if (v.is_string()) {
+        const std::string& s = v.get_ref<const std::string&>();
+        const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), x, std::chars_format::hex);
+        if (error == std::errc{} && end == s.data() + s.size()) out.insert(out.end(), {hex_text(2 * x), hex_text(x / 2)});
+    }
+    if (v.is_array() && !v.empty()) {
+        Json reversed = Json::array(), bumped = v;
+        for (auto it = v.rbegin(); it != v.rend(); ++it) reversed.push_back(*it);
+        bumped[0] = v[0].get<std::size_t>() + 1;
+        out.insert(out.end(), {reversed, bumped});
+    }
+    if (v.is_object()) {
+        for (const auto& [key, member] : v.items()) {
+            for (const Json& other : changed_values(member)) {
+                Json changed = v;
+                changed[key] = other;
+                out.push_back(changed);
+            }
+        }
+    }
+    return out;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(the_graph_of_every_op_saved_and_loaded_is_the_same_graph_and_checks_alike) {
@@ -88,6 +194,45 @@ BOOST_AUTO_TEST_CASE(the_graph_of_every_op_saved_and_loaded_is_the_same_graph_an
     const Var<double> J_loaded = parse_tape(tape_file_text(tape, J), "every op", loaded);
     expect_same_graph(tape, J, loaded, J_loaded);
     expect_same_report(check_gradients(loaded, J_loaded, fast_mode()), check_gradients(tape, J, fast_mode()));
+}
+
+BOOST_AUTO_TEST_CASE(every_setting_away_from_its_default_round_trips) {
+    Tape<double> tape;
+    const Var<double> J = settings_graph(tape);
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(tape_file_text(tape, J), "settings", loaded);
+    expect_same_graph(tape, J, loaded, J_loaded);
+}
+
+// Each saved setting of each op node changed in the file: where the op accepts the changed value,
+// the loaded node holds it (saved again, the node's settings are the changed ones, and the graph is
+// another), so no setting is dropped or read into another. Every setting must be taken at least
+// once, or the test could not see it dropped.
+BOOST_AUTO_TEST_CASE(a_changed_setting_loads_as_a_different_graph_for_every_op) {
+    Tape<double> tape;
+    const Var<double> J = settings_graph(tape);
+    const Json original = Json::parse(tape_file_text(tape, J));
+    std::set<std::string> taken, settings;
+    for (std::size_t i = 0; i < original["nodes"].size(); ++i) {
+        const Json& node = original["nodes"][i];
+        if (!node.contains("settings")) continue;
+        for (const auto& [key, value] : node["settings"].items()) {
+            const std::string name = fmt::format("{}.{}", node["op"].get<std::string>(), key);
+            settings.insert(name);
+            for (const Json& other : changed_values(value)) {
+                if (other == value) continue;  // [4, 4] reversed
+                Json changed = original;
+                changed["nodes"][i]["settings"][key] = other;
+                const std::optional<Json> again = load_following_shapes(changed, name);
+                if (!again) continue;
+                BOOST_TEST((*again)["nodes"][i]["settings"] == changed["nodes"][i]["settings"], name << " = " << other.dump());
+                BOOST_TEST(again->dump() != original.dump(), name << " = " << other.dump());
+                taken.insert(name);
+            }
+        }
+    }
+    BOOST_TEST(settings.size() == 29u);  // every field of every op that has settings (docs/tape-file.md)
+    for (const std::string& name : settings) BOOST_TEST(taken.count(name) == 1u, name << ": no changed value was taken");
 }
 
 BOOST_AUTO_TEST_CASE(the_spec_graph_saved_to_a_file_checks_exactly_like_the_original) {
@@ -185,6 +330,20 @@ BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_an
         {"bad_shape_mismatch.json", "node 8 (op matmul): matmul: inner dimensions differ"},
         {"bad_declared_shape.json", "node 4 (op matmul): its output has shape [3x2], the file says [2x3]"},
         {"bad_label.json", "node 1 (leaf): \"label\" is not a string"},
+        // The first pass: what a JSON tree would hide (a duplicate key, the last one winning) or
+        // could not hold (values beyond the shape, refused after the first one too many).
+        {"bad_duplicate_root_key.json", "load_tape: " + (corpus / "bad_duplicate_root_key.json").string() + ": duplicate key \"version\""},
+        {"bad_duplicate_values.json", "node 0 (leaf): duplicate key \"values\""},
+        {"bad_duplicate_setting.json", "node 9 (op scale): duplicate key \"c\" in \"settings\""},
+        {"bad_version_zero.json", "format version 0 is not supported (this library reads version 1)"},
+        {"bad_version_negative.json", "format version -1 is not supported"},
+        {"bad_version_wraps.json", "format version 4294967297 is not supported"},
+        {"bad_values_too_many.json", "node 0 (leaf): shape [3x2] holds 6 values, \"values\" has more"},
+        {"bad_values_before_shape.json", "node 0 (leaf): shape [3x2] holds 6 values, \"values\" has 5"},
+        {"bad_value_not_string.json", "node 0 (leaf): value 0 is not a string of hexadecimal floating-point text"},
+        {"bad_value_nested.json", "node 0 (leaf): nested deeper than the format's 6 levels"},
+        {"bad_too_many_keys.json", "node 0 (leaf): an object with more than 16 keys"},
+        {"bad_long_shape.json", "node 0 (leaf): \"shape\" has more than 64 elements"},
     };
     std::size_t files = 0;
     for (const fs::directory_entry& entry : fs::directory_iterator(corpus)) {

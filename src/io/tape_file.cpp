@@ -7,9 +7,9 @@
 #include "io/tape_file.hpp"
 
 #include "ops/all.hpp"
+#include "src/io/tape_document.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <cerrno>
 #include <charconv>
@@ -18,7 +18,6 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 #include <system_error>
 #include <typeinfo>
 #include <unistd.h>
@@ -28,28 +27,10 @@ namespace tapegrad {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
+using tape_document::Json;
+using tape_document::Where;
 
 constexpr std::string_view format_name = "tapegrad-tape";
-
-// Where a fault is: the file (or text) and, once nodes are read, the node.
-class Where {
-public:
-    explicit Where(std::string_view source) : source_(source) {}
-    Where at(std::size_t node, std::string_view what) const {
-        Where inner(source_);
-        inner.node_ = fmt::format("node {} ({})", node, what);
-        return inner;
-    }
-    [[noreturn]] void fail(std::string_view fault) const {
-        if (node_.empty()) throw io_error(fmt::format("load_tape: {}: {}", source_, fault));
-        throw io_error(fmt::format("load_tape: {}: {}: {}", source_, node_, fault));
-    }
-
-private:
-    std::string_view source_;
-    std::string node_;
-};
 
 // ---- values: hexadecimal floating-point text, exact both ways ----
 
@@ -63,14 +44,9 @@ std::string exact_text(F x) {
 
 template <std::floating_point F>
 F exact_value(const Json& text, const Where& where, std::string_view what) {
-    if (!text.is_string()) where.fail(fmt::format("{} is not a string of hexadecimal floating-point text", what));
-    const std::string& s = text.get_ref<const std::string&>();
     F x{};
-    const auto [end, error] = std::from_chars(s.data(), s.data() + s.size(), x, std::chars_format::hex);
-    if (error != std::errc{} || end != s.data() + s.size()) {
-        where.fail(fmt::format("{} \"{}\" is not a {} in hexadecimal floating-point text (as \"1.8p+1\" for 3)", what,
-                               s.substr(0, 40), sizeof(F) == 4 ? "float32" : "float64"));
-    }
+    std::string fault;
+    if (!tape_document::exact_value(text, x, fault, what)) where.fail(fault);
     return x;
 }
 
@@ -467,57 +443,59 @@ struct ValidNode {
     SettingsSlot settings;
 };
 
+template <Scalar T>
 struct Document {
-    Json root;
+    tape_document::Tree<T> tree;  // the JSON tree, the leaves' values apart
     TapeFileScalar scalar;
     std::size_t output;
 };
 
-Document read_document(std::string_view text, const Where& where) {
-    Document d{};
-    try {
-        d.root = Json::parse(text.begin(), text.end());
-    } catch (const Json::exception& e) {
-        where.fail(fmt::format("not a JSON document ({})", e.what()));
-    }
-    if (!d.root.is_object()) where.fail("the document is not a JSON object");
-    only_keys(d.root, {"format", "version", "scalar", "output", "nodes"}, where);
-    if (member(d.root, "format", where) != format_name) where.fail(fmt::format("\"format\" is not \"{}\"", format_name));
-    const Json& version = member(d.root, "version", where);
+// The document's text read in both passes (src/io/tape_document.hpp: syntax, duplicate keys and
+// values counted against shapes first, in constant memory), and its top level validated.
+template <Scalar T>
+Document<T> read_document(std::string_view text, const tape_document::Outline& outline, const Where& where) {
+    Document<T> d{tape_document::read_tree<T>(text, outline, where), {}, {}};
+    const Json& root = d.tree.root;
+    if (!root.is_object()) where.fail("the document is not a JSON object");
+    only_keys(root, {"format", "version", "scalar", "output", "nodes"}, where);
+    if (member(root, "format", where) != format_name) where.fail(fmt::format("\"format\" is not \"{}\"", format_name));
+    const Json& version = member(root, "version", where);
     if (!version.is_number_unsigned() || version != tape_file_version) {  // 1.0 is not version 1
         where.fail(fmt::format("format version {} is not supported (this library reads version {})", version.dump(),
                                tape_file_version));
     }
-    const Json& scalar = member(d.root, "scalar", where);
+    const Json& scalar = member(root, "scalar", where);
     if (scalar == "float64") d.scalar = TapeFileScalar::float64;
     else if (scalar == "float32") d.scalar = TapeFileScalar::float32;
     else where.fail(fmt::format("\"scalar\" {} is not \"float32\" or \"float64\"", scalar.dump()));
-    const Json& nodes = member(d.root, "nodes", where);
+    const Json& nodes = member(root, "nodes", where);
     if (!nodes.is_array() || nodes.empty()) where.fail("\"nodes\" is not a non-empty array");
-    d.output = count_of(member(d.root, "output", where), where, "\"output\"");
+    d.output = count_of(member(root, "output", where), where, "\"output\"");
     if (d.output + 1 != nodes.size()) {
         where.fail(fmt::format("\"output\" is {}, but the output is the last of the {} nodes", d.output, nodes.size()));
     }
     return d;
 }
 
+// A leaf or constant: its shape, and the values the second pass read apart from the tree (the
+// tree's "values" is an empty array where the file has an array).
 template <Scalar T>
-ValidNode<T> valid_leaf(const Json& j, bool requires_grad, const Where& where) {
+ValidNode<T> valid_leaf(const Json& j, tape_document::LeafValues<T>& read, bool requires_grad, const Where& where) {
     only_keys(j, {"node", "label", "shape", "values"}, where);
     ValidNode<T> node;
     node.requires_grad = requires_grad;
     node.shape = shape_of(member(j, "shape", where), where, "\"shape\"");
     const Json& values = member(j, "values", where);
     if (!values.is_array()) where.fail("\"values\" is not an array");
-    if (values.size() != node.shape.size()) {
+    if (!read.fault.empty()) where.fail(read.fault);
+    if (read.values.size() != node.shape.size()) {
         where.fail(fmt::format("shape {} holds {} values, \"values\" has {}", node.shape.to_string(), node.shape.size(),
-                               values.size()));
+                               read.values.size()));
     }
-    node.values = Tensor<T>(node.shape);
-    for (std::size_t k = 0; k < values.size(); ++k) {
-        node.values[k] = exact_value<T>(values[k], where, fmt::format("value {}", k));
-        if (is_nan(node.values[k])) where.fail(fmt::format("value {} (at {}) is NaN", k, index_string(node.shape, k)));
+    for (std::size_t k = 0; k < read.values.size(); ++k) {
+        if (is_nan(read.values[k])) where.fail(fmt::format("value {} (at {}) is NaN", k, index_string(node.shape, k)));
     }
+    node.values = Tensor<T>(node.shape, std::move(read.values));
     return node;
 }
 
@@ -548,7 +526,8 @@ ValidNode<T> valid_op(const Json& j, std::size_t index, const Where& where) {
 }
 
 template <Scalar T>
-std::vector<ValidNode<T>> valid_nodes(const Json& nodes, const Where& file) {
+std::vector<ValidNode<T>> valid_nodes(Document<T>& d, const Where& file) {
+    const Json& nodes = d.tree.root["nodes"];
     std::vector<ValidNode<T>> valid;
     valid.reserve(nodes.size());
     for (std::size_t i = 0; i < nodes.size(); ++i) {
@@ -557,7 +536,7 @@ std::vector<ValidNode<T>> valid_nodes(const Json& nodes, const Where& file) {
         const Json& kind = member(j, "node", file.at(i, "?"));
         const std::string op = kind == "op" && j.contains("op") && j["op"].is_string() ? j["op"].get<std::string>() : "";
         const Where where = file.at(i, kind == "op" ? fmt::format("op {}", op) : kind.is_string() ? kind.get<std::string>() : "?");
-        if (kind == "leaf" || kind == "constant") valid.push_back(valid_leaf<T>(j, kind == "leaf", where));
+        if (kind == "leaf" || kind == "constant") valid.push_back(valid_leaf<T>(j, d.tree.values.at(i), kind == "leaf", where));
         else if (kind == "op") valid.push_back(valid_op<T>(j, i, where));
         else where.fail(fmt::format("\"node\" {} is not \"leaf\", \"constant\" or \"op\"", kind.dump()));
         const auto label = j.find("label");
@@ -612,7 +591,7 @@ template <Scalar T>
 Var<T> parse_into(std::string_view text, std::string_view source, Tape<T>& tape) {
     const Where where(source);
     if (tape.size() != 0) throw usage_error(fmt::format("load_tape: {}: the tape to load into must be empty (it holds {} nodes)", source, tape.size()));
-    const Document d = read_document(text, where);
+    Document<T> d = read_document<T>(text, tape_document::read_outline(text, where), where);
     constexpr TapeFileScalar wanted = std::is_same_v<T, float> ? TapeFileScalar::float32 : TapeFileScalar::float64;
     if (d.scalar != wanted) {
         where.fail(fmt::format("it holds a {} tape; load it into a Tape<{}>",
@@ -621,7 +600,7 @@ Var<T> parse_into(std::string_view text, std::string_view source, Tape<T>& tape)
     }
     std::vector<ValidNode<T>> nodes;
     try {
-        nodes = valid_nodes<T>(d.root["nodes"], where);
+        nodes = valid_nodes<T>(d, where);
     } catch (const Json::exception& e) {  // a JSON value of an unexpected type the checks above missed
         where.fail(fmt::format("malformed ({})", e.what()));
     }
@@ -633,13 +612,28 @@ Var<T> parse_into(std::string_view text, std::string_view source, Tape<T>& tape)
     }
 }
 
+// The file's bytes, read into a string of its size (no stream buffer growing beside it).
 std::string read_file(const std::string& file) {
-    std::ifstream in(file, std::ios::binary);
+    std::ifstream in(file, std::ios::binary | std::ios::ate);
     if (!in) throw io_error(fmt::format("load_tape: cannot open '{}': {}", file, std::strerror(errno)));
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) throw io_error(fmt::format("load_tape: error reading '{}'", file));
-    return std::move(text).str();
+    const std::streamoff size = in.tellg();
+    if (size < 0) throw io_error(fmt::format("load_tape: cannot tell the size of '{}'", file));
+    std::string text(std::size_t(size), '\0');
+    in.seekg(0);
+    in.read(text.data(), size);
+    if (in.gcount() != size) throw io_error(fmt::format("load_tape: error reading '{}'", file));
+    return text;
+}
+
+template <Scalar T>
+TapeFileScalar validated_scalar(std::string_view text, const tape_document::Outline& outline, const Where& where) {
+    Document<T> d = read_document<T>(text, outline, where);
+    try {
+        (void)valid_nodes<T>(d, where);
+    } catch (const Json::exception& e) {
+        where.fail(fmt::format("malformed ({})", e.what()));
+    }
+    return d.scalar;
 }
 
 }  // namespace
@@ -656,14 +650,9 @@ void save_tape(const std::string& file, const Tape<float>& tape, const Var<float
 
 TapeFileScalar parse_tape_scalar(std::string_view text, std::string_view source) {
     const Where where(source);
-    const Document d = read_document(text, where);
-    try {
-        if (d.scalar == TapeFileScalar::float32) (void)valid_nodes<float>(d.root["nodes"], where);
-        else (void)valid_nodes<double>(d.root["nodes"], where);
-    } catch (const Json::exception& e) {
-        where.fail(fmt::format("malformed ({})", e.what()));
-    }
-    return d.scalar;
+    const tape_document::Outline outline = tape_document::read_outline(text, where);
+    return outline.scalar == "float32" ? validated_scalar<float>(text, outline, where)
+                                       : validated_scalar<double>(text, outline, where);
 }
 
 TapeFileScalar tape_file_scalar(const std::string& file) {

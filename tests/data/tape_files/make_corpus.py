@@ -53,3 +53,23 @@ write("bad_setting_text.json", with_node(scale, dict(parsed[scale], settings={"c
 write("bad_shape_mismatch.json", with_node(second_matmul, dict(parsed[second_matmul], inputs=[0, 0])))
 write("bad_declared_shape.json", with_node(matmul, dict(parsed[matmul], shape=list(reversed(parsed[matmul]["shape"])))))
 write("bad_label.json", with_node(1, dict(parsed[1], label=7)))
+
+# Faults a JSON tree would hide or could not hold, refused by the loader's first pass.
+X = parsed[0]
+x_values = json.dumps(X["values"], separators=(",", ":"))
+other_values = json.dumps(["1p+1"] * len(X["values"]), separators=(",", ":"))
+c_text = json.dumps(parsed[scale]["settings"]["c"])
+write("bad_duplicate_root_key.json", text.replace('"version": 1', '"version": 1, "version": 1'))
+write("bad_duplicate_values.json", text.replace('"values":' + x_values, '"values":' + x_values + ',"values":' + other_values, 1))
+write("bad_duplicate_setting.json", text.replace('"settings":{"c":' + c_text + "}", '"settings":{"c":' + c_text + ',"c":"1p+0"}'))
+write("bad_version_zero.json", text.replace('"version": 1', '"version": 0'))
+write("bad_version_negative.json", text.replace('"version": 1', '"version": -1'))
+write("bad_version_wraps.json", text.replace('"version": 1', '"version": 4294967297'))  # 1 in 32 bits
+write("bad_values_too_many.json", with_node(0, dict(X, values=X["values"] + ["1p+0"])))
+write("bad_values_before_shape.json", "\n".join(
+    [header, '{"node":"leaf","label":"X","values":' + json.dumps(X["values"][:-1], separators=(",", ":")) + ',"shape":[3,2]},']
+    + nodes[1:] + [footer]) + "\n")
+write("bad_value_not_string.json", with_node(0, dict(X, values=[1] + X["values"][1:])))
+write("bad_value_nested.json", with_node(0, dict(X, values=[[[["1p+0"]]]] + X["values"][1:])))
+write("bad_too_many_keys.json", with_node(0, dict(X, **{"k%d" % k: k for k in range(13)})))
+write("bad_long_shape.json", with_node(0, dict(X, shape=[1] * 65)))
