@@ -105,11 +105,24 @@ struct LeafAudit {
     double top_contributor_share = 0;  ///< its error alone over the whole error (normwise)
 };
 
+/// What the low precision did that no error figure says: an op refusing a value its storage made
+/// (`sqrt` of a variance that went negative in bfloat16, `log` of a value rounded to 0), or a
+/// value or gradient that became inf or NaN where the truth is finite (a float16 overflow, inf −
+/// inf). The audit goes on past each: the node's value is NaN from there, and the nodes downstream
+/// are audited with it.
+struct AuditEvent {
+    std::uint32_t node = 0;
+    std::string op;    ///< the node's op
+    std::string run;   ///< where: "the bfloat16 (computing in float32) run", "node 7 alone in ...", ...
+    std::string what;  ///< the op's message, or "value at (0, 1) is inf (true 7.2e+04)"
+};
+
 struct PrecisionAudit {
     std::string precision;  ///< "float32", "float64", or "bfloat16 (computing in float32)", ...
     double unit_roundoff = 0;
     std::vector<NodeAudit> nodes;   ///< ranked: largest local error first
     std::vector<LeafAudit> leaves;  ///< in recorded order
+    std::vector<AuditEvent> events;  ///< in the order met; at most one per node and run
     double seconds = 0;
 
     /// The ranked table (its first `rows` nodes) and the leaves, as text.

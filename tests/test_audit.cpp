@@ -2,7 +2,9 @@
 // reference on the same float32 inputs; the storage formats round as IEEE's binary16 and bfloat16
 // do; and the fault controls (the layer norm's variance as E[x²] − E[x]², softmax and logsumexp
 // without the max shift, sigmoid's derivative from its saturated output, an exp whose VJP reads its
-// output rounded too early) are each ranked first, by at least 2 digits more than the correct op.
+// output rounded too early) are each ranked first, by at least 2 digits more than the correct op;
+// and what 16-bit storage breaks (a negative variance, an overflow, log of 0, inf − inf) is reported
+// by node, not thrown.
 #define BOOST_TEST_MODULE audit
 #include "support.hpp"
 
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <algorithm>
 #include <functional>
 #include <random>
 #include <string>
@@ -379,6 +382,74 @@ BOOST_AUTO_TEST_CASE(table_json_and_dot) {
     std::size_t filled = 0;
     for (std::size_t at = dot.find("fillcolor"); at != std::string::npos; at = dot.find("fillcolor", at + 1)) ++filled;
     BOOST_TEST(filled == audit.nodes.size());
+}
+
+// The four ways 16-bit storage drives a value out of what an op accepts or out of the format, each
+// on a graph that is fine in float32: the audit reports each in its table and JSON (node, element,
+// what happened, the format's run) and still audits every node and the leaf, where it used to throw
+// the op's value_error out of the whole audit.
+struct BrokenBy16Bits {
+    std::string name;
+    Storage storage;
+    std::function<Var<float>(Tape<float>&)> graph;
+    std::string op, words, format;  // an event at a node of this op says `words` in a run of `format`
+};
+
+std::vector<BrokenBy16Bits> broken_by_16_bits() {
+    const auto leaf = [](Tape<float>& tape, float first, float step) {
+        Tensor<float> x({1, 8});
+        for (std::size_t k = 0; k < 8; ++k) x[k] = first + step * float(k);
+        return tape.leaf(x, "X");
+    };
+    return {
+        {"bfloat16: a layer norm's variance E[x²] − E[x]² goes negative", Storage::bfloat16,
+         [&](Tape<float>& tape) {
+             const Var<float> X = leaf(tape, 100.0f, 0.01f), m = mean(X, 1, true);
+             const Var<float> variance = sub(mean(mul(X, X), 1, true), mul(m, m));  // 8e-4: 1e4 − 1e4 in bf16
+             return sum(div(sub(X, m), sqrt(shift(variance, 1e-6f))));
+         },
+         "sqrt", "is negative", "bfloat16"},
+        {"float16: a sum of squares overflows, then its square root", Storage::float16,
+         [&](Tape<float>& tape) {
+             const Var<float> X = leaf(tape, 200.0f, 1.0f);  // Σx² ≈ 3.3e5 > 65504
+             const Var<float> s = scale(sum(X, 1, true), 0.125f);
+             return sum(sqrt(shift(sub(scale(sum(mul(X, X), 1, true), 0.125f), mul(s, s)), 1.0f)));
+         },
+         "sum_axis", "value at (0, 0) is inf", "float16"},
+        {"float16: log of a value rounded to zero", Storage::float16,
+         [&](Tape<float>& tape) { return sum(log(leaf(tape, 1e-9f, 1e-9f))); },  // below float16's 6e-8
+         "log", "is not positive", "float16"},
+        {"float16: inf − inf", Storage::float16,
+         [&](Tape<float>& tape) {
+             const Var<float> X = leaf(tape, 300.0f, 1.0f);  // x² ≈ 9e4 > 65504 on both sides
+             return sum(tanh(sub(mul(X, X), mul(X, scale(X, 1.0001f)))));
+         },
+         "sub", "value at (0, 0) is NaN", "float16"},
+    };
+}
+
+BOOST_AUTO_TEST_CASE(what_16_bit_storage_breaks_is_reported_and_the_audit_goes_on) {
+    for (const BrokenBy16Bits& c : broken_by_16_bits()) {
+        Tape<float> tape;
+        const Var<float> J = c.graph(tape);
+        tape.backward(J);
+        const float before = J.value().item();
+        BOOST_TEST_REQUIRE(std::isfinite(before), c.name);  // fine in float32
+        const PrecisionAudit audit = audit_precision(tape, J, {.storage = c.storage});
+        BOOST_TEST_MESSAGE(c.name << "\n" << audit.table());
+        const auto found = std::find_if(audit.events.begin(), audit.events.end(), [&](const AuditEvent& e) {
+            return e.op == c.op && e.what.find(c.words) != std::string::npos && e.run.find(c.format) != std::string::npos;
+        });
+        BOOST_TEST_REQUIRE((found != audit.events.end()), c.name << ": no event at " << c.op << " saying " << c.words);
+        BOOST_TEST(tape.recorded(found->node).kind->name == c.op, c.name);
+        BOOST_TEST(audit.nodes.size() == J.index() + 1, c.name);  // every node audited
+        BOOST_TEST_REQUIRE(audit.leaves.size() == 1u, c.name);
+        BOOST_TEST(audit.leaves[0].gradient.measured, c.name);
+        BOOST_TEST(audit.table().find(found->what) != std::string::npos, c.name);
+        const nlohmann::json json = nlohmann::json::parse(audit.json());
+        BOOST_TEST(json["events"].size() == audit.events.size(), c.name);
+        BOOST_TEST(json.dump().find(c.words) != std::string::npos, c.name);
+    }
 }
 
 BOOST_AUTO_TEST_CASE(misuse_is_refused_by_name) {

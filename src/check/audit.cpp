@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <set>
 #include <random>
 #include <span>
 #include <string>
@@ -162,6 +163,39 @@ Tensor<T> not_a_number(const Shape& shape) {
 
 using EdgeKey = std::pair<std::uint32_t, std::uint32_t>;  // (consumer node, input slot)
 
+// The audit's events (check/audit.hpp's AuditEvent): what the low precision made that an op refused
+// or that became inf or NaN, at most one per node and run (the first: the cause).
+class EventLog {
+public:
+    void add(std::uint32_t node, std::string_view op, std::string_view run, std::string what) {
+        if (!seen_.insert({node, std::string(run)}).second) return;
+        events_.push_back({node, std::string(op), std::string(run), std::move(what)});
+    }
+    std::vector<AuditEvent> take() { return std::move(events_); }
+
+private:
+    std::set<std::pair<std::uint32_t, std::string>> seen_;
+    std::vector<AuditEvent> events_;
+};
+
+// Which non-finite values a node is the first to make: an infinity where its inputs were finite, a
+// NaN where they held none (inf − inf).
+struct Arising {
+    bool inf = true, nan = true;
+};
+
+// The first element of `low` that arises as inf or NaN where the truth is finite, as text; empty if none.
+template <Scalar L>
+std::string lost_element(const Tensor<L>& low, const Tensor<mp50>& truth, std::string_view what, Arising arising) {
+    for (std::size_t k = 0; k < low.size(); ++k) {
+        const double x = to_double(low[k]), t = to_double(truth[k]);
+        if (!std::isfinite(t) || !((std::isnan(x) && arising.nan) || (std::isinf(x) && arising.inf))) continue;
+        return fmt::format("{} at {} is {} (true {:.6g})", what, index_string(low.shape(), k),
+                           std::isnan(x) ? "NaN" : x > 0 ? "inf" : "-inf", t);
+    }
+    return {};
+}
+
 // One run over the recorded graph with values of type W: each node either exact (its op at W, from
 // the exact tape, a re-run of the recording) or low (its op at the recorded type S, on its inputs
 // and upstream gradient converted to S, its value and its VJP's results kept in the storage
@@ -187,6 +221,9 @@ struct Run {
     // Applied to every result a low node stores (values, VJP contributions, sums of them): the
     // Monte Carlo estimate's random rounding; empty for the audit.
     std::function<void(Tensor<S>&)> perturb{};
+    // Where an op's refusal is noted (none: not noted), and the run's name in the note.
+    EventLog* log = nullptr;
+    std::string name{};
 
     std::vector<Tensor<W>> values, adjoints, saved_exact;
     std::vector<Tensor<S>> saved_low;
@@ -211,11 +248,17 @@ struct Run {
                     store(out, storage);
                     if (perturb) perturb(out);
                     values[i] = convert<W>(out);
-                } catch (const error&) {  // an op refusing an inf or NaN upstream: its value is lost too
+                } catch (const error& e) {  // an op refusing what the low precision made: its value is lost
                     values[i] = not_a_number<W>(again.value.shape());
+                    note(i, e.what());
                 }
             } else {
-                again.kind->forward(again.settings, inputs(node.inputs), values[i], saved_exact[i]);
+                try {
+                    again.kind->forward(again.settings, inputs(node.inputs), values[i], saved_exact[i]);
+                } catch (const error& e) {  // an exact node fed what a low node made
+                    values[i] = not_a_number<W>(again.value.shape());
+                    note(i, e.what());
+                }
             }
         }
     }
@@ -240,6 +283,10 @@ struct Run {
 
 private:
     bool needs_gradient(std::uint32_t i) const { return recorded.recorded(i).requires_grad; }
+
+    void note(std::uint32_t i, std::string_view what) const {
+        if (log != nullptr) log->add(i, recorded.recorded(i).kind->name, name, std::string(what));
+    }
 
     std::vector<const Tensor<W>*> inputs(std::span<const std::uint32_t> indices) const {
         std::vector<const Tensor<W>*> in;
@@ -270,8 +317,9 @@ private:
             const std::vector<const Tensor<S>*> in_pointers = pointers(in);
             try {
                 node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved_low[i], G}, slots);
-            } catch (const error&) {
+            } catch (const error& e) {
                 for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+                note(i, e.what());
             }
             for (std::size_t s = 0; s < slots.size(); ++s) {
                 if (slots[s] == nullptr) continue;
@@ -288,7 +336,12 @@ private:
                 slots[s] = &contributions[s];
             }
             const std::vector<const Tensor<W>*> in = inputs(node.inputs);
-            again.kind->vjp_all(again.settings, VjpArgs<W>{in, values[i], saved_exact[i], adjoints[i]}, slots);
+            try {
+                again.kind->vjp_all(again.settings, VjpArgs<W>{in, values[i], saved_exact[i], adjoints[i]}, slots);
+            } catch (const error& e) {  // an exact node's VJP fed what a low node made
+                for (Tensor<W>& g : contributions) g.fill(W(std::numeric_limits<double>::quiet_NaN()));
+                note(i, e.what());
+            }
         }
         return contributions;
     }
@@ -339,6 +392,8 @@ struct LocalAudit {
     const Precision& precision;
     Storage storage;
     std::map<EdgeKey, Tensor<mp50>> true_leaf_edges;  // the exact contributions into gradient leaves
+    EventLog* log = nullptr;
+    std::string name{};
 
     void run(std::uint32_t i, NodeAudit& audit) {
         const auto node = tape.recorded(i);
@@ -356,8 +411,9 @@ struct LocalAudit {
         Tensor<S> out, saved;
         try {
             node.kind->forward(node.settings, pointers(in), out, saved);
-        } catch (const error&) {  // the op refused what its low-precision arithmetic made (an overflow)
+        } catch (const error& e) {  // the op refused what its low-precision arithmetic made (an overflow)
             out = not_a_number<S>(exact.value.shape());
+            log->add(i, node.kind->name, name, e.what());
         }
         store(out, storage);
         audit.local_forward = measure(out, exact.value, precision);
@@ -384,8 +440,9 @@ struct LocalAudit {
                 node.kind->vjp_all(node.settings, VjpArgs<S>{in_pointers, out, saved, G}, slots);
             else
                 for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
-        } catch (const error&) {
+        } catch (const error& e) {
             for (Tensor<S>& g : grads) g.fill(std::numeric_limits<S>::quiet_NaN());
+            log->add(i, node.kind->name, name, e.what());
         }
         for (std::size_t s = 0; s < in.size(); ++s) {
             if (slots[s] == nullptr) continue;
@@ -395,6 +452,28 @@ struct LocalAudit {
         }
     }
 };
+
+// A value or gradient of the low run that is inf or NaN where the truth is finite, noted at the node
+// where it arises (see Arising; a gradient, where the node's own value is finite).
+template <Scalar S>
+void note_lost_values(const Run<S, S>& low, const Truth& truth, std::uint32_t i, EventLog& log) {
+    const auto node = low.recorded.recorded(i);
+    const auto all = [](const Tensor<S>& t, auto predicate) {
+        return std::all_of(t.data().begin(), t.data().end(), [&](const S& x) { return predicate(to_double(x)); });
+    };
+    const auto finite = [](double x) { return std::isfinite(x); };
+    const auto not_nan = [](double x) { return !std::isnan(x); };
+    Arising arising;
+    for (const std::uint32_t k : node.inputs) {
+        arising.inf = arising.inf && all(low.values[k], finite);
+        arising.nan = arising.nan && all(low.values[k], not_nan);
+    }
+    std::string what = lost_element(low.values[i], truth.tape.recorded(truth.index[i]).value, "value", arising);
+    if (what.empty() && node.requires_grad && low.has_adjoint[i] && all(low.values[i], finite))
+        what = lost_element(low.adjoints[i], truth.nodes[i].grad(), "gradient", Arising{});
+    const std::string op = node.kind != nullptr ? std::string(node.kind->name) : node.requires_grad ? "leaf" : "constant";
+    if (!what.empty()) log.add(i, op, low.name, std::move(what));
+}
 
 void progress(const AuditOptions& options, std::string_view stage) {
     if (options.progress) fmt::print(stderr, "audit_precision: {}\n", stage);
@@ -417,10 +496,12 @@ NodeAudit describe(const Tape<S>& tape, std::uint32_t i) {
 template <Scalar W, Scalar S>
 void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vector<std::uint32_t>& exact_index,
                        const Var<S>& J, Storage storage, const Truth& truth, const Precision& precision,
-                       std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves) {
+                       std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves, EventLog& log) {
     std::vector<double> best(leaves.size(), -1);
     for (const std::uint32_t c : candidates) {
         Run<W, S> run(tape, exact, exact_index, J.index(), storage, [c](std::uint32_t i) { return i == c; });
+        run.log = &log;
+        run.name = fmt::format("node {} alone in {}", c, precision.name);
         run.forward();
         run.backward(false);
         for (LeafAudit& leaf : leaves) {
@@ -431,7 +512,8 @@ void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vec
                 best[at] = error;
                 leaf.top_contributor = c;
                 leaf.top_contributor_op = describe(tape, c).op;
-                leaf.top_contributor_share = leaf.gradient.normwise > 0 ? error / leaf.gradient.normwise : 0;
+                const double whole = leaf.gradient.normwise;  // inf when the gradient is lost: no share
+                leaf.top_contributor_share = whole > 0 && std::isfinite(whole) ? error / whole : 0;
             }
         }
     }
@@ -459,12 +541,16 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     progress(options, fmt::format("the {} run", precision.name));
     std::vector<std::uint32_t> identity(J.index() + 1);
     for (std::uint32_t i = 0; i <= J.index(); ++i) identity[i] = i;
+    EventLog log;
     Run<S, S> low(tape, tape, identity, J.index(), options.storage, [](std::uint32_t) { return true; });
+    low.log = &log;
+    low.name = fmt::format("the {} run", precision.name);
     low.forward();
     low.backward(true);
 
     progress(options, "each node alone on exact inputs");
-    LocalAudit<S> local{tape, truth, precision, options.storage, {}};
+    LocalAudit<S> local{tape, truth, precision, options.storage, {}, &log,
+                        fmt::format("the node alone on exact inputs in {}", precision.name)};
     std::vector<NodeAudit> nodes;
     result.inputs.resize(J.index() + 1);
     for (std::uint32_t i = 0; i <= J.index(); ++i) {
@@ -474,6 +560,7 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         audit.value = measure(low.values[i], truth.tape.recorded(truth.index[i]).value, precision);
         if (node.requires_grad && low.has_adjoint[i])
             audit.adjoint = measure(low.adjoints[i], truth.nodes[i].grad(), precision);
+        note_lost_values(low, truth, i, log);
         local.run(i, audit);
         audit.local_digits = std::max(audit.local_forward.digits_lost, audit.local_vjp.digits_lost);
         audit.local_in_u = std::max(audit.local_forward.in_u, audit.local_vjp.in_u);
@@ -515,12 +602,13 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         (void)rerun(tape, J, std::span<const Var<double>>(leaves), &mapped);
         std::vector<std::uint32_t> index;
         for (const Var<double>& v : mapped) index.push_back(v.index());
-        find_contributors(tape, exact, index, J, options.storage, truth, precision, candidates, result.leaves);
+        find_contributors(tape, exact, index, J, options.storage, truth, precision, candidates, result.leaves, log);
     } else {
         find_contributors(tape, truth.tape, truth.index, J, options.storage, truth, precision, candidates,
-                          result.leaves);
+                          result.leaves, log);
     }
     result.nodes = std::move(nodes);
+    result.events = log.take();
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     return result;
 }
@@ -653,12 +741,20 @@ std::string PrecisionAudit::table(std::size_t rows) const {
                             in_u(n.value), in_u(n.adjoint),
                             n.value.finite && n.local_forward.finite && n.local_vjp.finite ? "" : "  (inf/NaN)");
     }
+    if (!events.empty()) {
+        text += fmt::format("what the low precision made that an op refused, or that became inf or NaN ({}):\n",
+                            events.size());
+        for (const AuditEvent& e : events) text += fmt::format("  node {} ({}), in {}: {}\n", e.node, e.op, e.run, e.what);
+    }
     text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
     for (const LeafAudit& leaf : leaves) {
-        const std::string top = leaf.top_contributor_op.empty()
-                                    ? std::string("none (no node loses a digit)")
-                                    : fmt::format("node {} ({}), {:.0f}% alone", leaf.top_contributor,
-                                                  leaf.top_contributor_op, 100 * leaf.top_contributor_share);
+        const std::string top =
+            leaf.top_contributor_op.empty() ? std::string("none (no node loses a digit)")
+            : std::isfinite(leaf.top_contributor_share)
+                ? fmt::format("node {} ({}), {:.0f}% alone", leaf.top_contributor, leaf.top_contributor_op,
+                              100 * leaf.top_contributor_share)
+                : fmt::format("node {} ({}), alone it makes the gradient inf or NaN", leaf.top_contributor,
+                              leaf.top_contributor_op);
         text += fmt::format("  {:<18} {:>9} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
                             number(leaf.gradient.normwise), number(leaf.gradient.worst_element), leaf.gradient.worst_at,
                             number(leaf.gradient.ulps, "{:.3g}"), digits(leaf.gradient), top);
@@ -682,6 +778,12 @@ std::string PrecisionAudit::json() const {
             r == 0 ? "" : ",", r + 1, n.node, json_string(n.op), json_string(n.label), json_string(n.shape),
             json_number(n.local_digits), json_number(n.local_in_u), json_error(n.local_forward),
             json_error(n.local_vjp), json_error(n.value), json_error(n.adjoint));
+    }
+    text += "],\n \"events\": [";
+    for (std::size_t k = 0; k < events.size(); ++k) {
+        const AuditEvent& e = events[k];
+        text += fmt::format("{}\n  {{\"node\": {}, \"op\": {}, \"run\": {}, \"what\": {}}}", k == 0 ? "" : ",", e.node,
+                            json_string(e.op), json_string(e.run), json_string(e.what));
     }
     text += "],\n \"leaves\": [";
     for (std::size_t l = 0; l < leaves.size(); ++l) {
