@@ -95,7 +95,7 @@ def complete(directory):
 
 def steps_on_disk(directory):
     """The steps of the checkpoint a resume would read (train_charlm's find_checkpoint order)."""
-    for candidate in (directory, directory + ".partial", directory + ".previous"):
+    for candidate in (directory + ".partial", directory, directory + ".previous"):
         if complete(candidate):
             with open(os.path.join(candidate, "manifest.txt")) as manifest:
                 for line in manifest:

@@ -261,7 +261,8 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
     if (!r.load.empty()) {
         const std::filesystem::path read = trainer.load(r.load);
         if (read != std::filesystem::path(r.load)) {
-            fmt::print("{} has no complete checkpoint (a save was killed): resuming from {}\n", r.load, read.string());
+            fmt::print("a save into {} was killed: resuming from its newest complete checkpoint, {}\n", r.load,
+                       read.string());
         }
     }
     const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;

@@ -379,14 +379,14 @@ inline bool complete(const std::filesystem::path& directory) {
 
 /// The checkpoint to resume from for the name `directory`. A save (below) writes DIR.partial,
 /// manifest last, then renames DIR to DIR.previous and DIR.partial to DIR, and only then removes
-/// DIR.previous; a process killed anywhere in it leaves one of: DIR complete (whatever lies beside
-/// it is older or incomplete), or no DIR with DIR.partial complete (killed between the two renames:
-/// the newer checkpoint) and DIR.previous complete (the older one). So: DIR when its manifest is
-/// there, else a DIR.partial whose manifest is there (written last, so every file before it is
-/// complete), else DIR.previous. This holds against the process being killed, not the machine
-/// losing power: nothing is fsync'ed.
+/// DIR.previous. So a complete DIR.partial (its manifest, written last, is there) is the newest
+/// checkpoint on disk: the last save's, killed after its files and before its second rename (beside
+/// the DIR it was about to replace, or, killed between the two renames, beside that DIR gone to
+/// DIR.previous); DIR is newer than DIR.previous, which was DIR before it. So: a complete
+/// DIR.partial, else DIR when its manifest is there, else a complete DIR.previous. This holds
+/// against the process being killed, not the machine losing power: nothing is fsync'ed.
 inline std::filesystem::path find_checkpoint(const std::filesystem::path& directory) {
-    for (const std::string suffix : {"", ".partial", ".previous"}) {
+    for (const std::string suffix : {".partial", "", ".previous"}) {
         const std::filesystem::path candidate = directory.string() + suffix;
         if (charlm_files::complete(candidate)) return candidate;
     }
@@ -399,22 +399,23 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& direct
 /// everything goes into "<directory>.partial" first (each file through write_file_atomically,
 /// the manifest last), which then replaces `directory` by renames. A save killed at any point leaves
 /// a checkpoint find_checkpoint finds: first, what an earlier interrupted save left is settled (a
-/// complete DIR.partial or DIR.previous renamed to DIR when DIR is missing), so that clearing
-/// DIR.partial never deletes the only complete checkpoint. A save that fails (an exception) leaves
-/// the previous checkpoint in place and removes the partial one. A float32 run writes float32 files.
+/// complete DIR.partial, the newest, made DIR as a save would; else a complete DIR.previous renamed
+/// to DIR when DIR is not complete), so that clearing DIR.partial never deletes the only or the
+/// newest complete checkpoint. A save that fails (an exception) leaves the previous checkpoint in
+/// place and removes the partial one. A float32 run writes float32 files.
 template <std::floating_point T>
 void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     namespace fs = std::filesystem;
     const fs::path partial = directory.string() + ".partial", previous = directory.string() + ".previous";
     constexpr NpyDtype dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
-    if (!charlm_files::complete(directory)) {  // each rename atomic: killed here, the state is still one of the above
-        for (const fs::path& found : {partial, previous}) {
-            if (charlm_files::complete(found)) {
-                fs::remove_all(directory);
-                fs::rename(found, directory);
-                break;
-            }
-        }
+    // Each step atomic or on an older or incomplete copy: killed here, the state is still one of the above.
+    if (charlm_files::complete(partial)) {
+        fs::remove_all(previous);
+        if (fs::exists(directory)) fs::rename(directory, previous);
+        fs::rename(partial, directory);
+    } else if (!charlm_files::complete(directory) && charlm_files::complete(previous)) {
+        fs::remove_all(directory);
+        fs::rename(previous, directory);
     }
     try {
         fs::remove_all(partial);
