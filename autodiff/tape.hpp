@@ -175,6 +175,7 @@ public:
         for (std::size_t i = 0; i < used_; ++i) nodes_[i].has_grad = false;
         branches_.clear();
         backward_done_ = false;
+        seeded_with_one_.reset();
     }
 
     /// Forgets every node; the nodes' buffers are kept and reused by the next graph. Vars made
@@ -184,12 +185,19 @@ public:
         generation_ = next_generation();
         branches_.clear();
         backward_done_ = false;
+        seeded_with_one_.reset();
     }
 
     std::size_t size() const { return used_; }
     /// Whether backward has run since the tape was made, cleared or zero_grad'ed (the gradients
     /// are then readable, and another backward refused until zero_grad).
     bool has_gradients() const { return backward_done_; }
+    /// Whether the gradients on the tape are J's: backward(J) ran, seeded with one, and no
+    /// zero_grad or clear since (a backward(Y, G) leaves the gradients of G·Y, not of J). The
+    /// recorded-tape check of a Tape<float> compares them with the truth (check/recorded.hpp).
+    bool holds_gradients_of(const Var<T>& J) const {
+        return holds(J) && backward_done_ && seeded_with_one_ == J.index_;
+    }
 
     /// Keep every VJP contribution separately (per edge) during backward, to attribute a summed
     /// gradient to its branches. Off by default: it copies every contribution.
@@ -228,6 +236,7 @@ public:
         const Tensor<T>& value;
         std::string_view label;
         bool requires_grad;
+        const Tensor<T>* grad;  ///< the gradient backward left; nullptr before backward or where none flowed
     };
     RecordedNode recorded(std::size_t index) const {
         if (index >= used_) {
@@ -235,7 +244,7 @@ public:
         }
         const Node& node = nodes_[index];
         return RecordedNode{node.kind, node.settings, std::span(node.inputs.data(), node.arity), node.value,
-                            node.label, node.requires_grad};
+                            node.label, node.requires_grad, node.has_grad ? &node.grad : nullptr};
     }
     /// Whether `var` is a live value of this tape (not another tape's, nor one from before a clear()).
     bool holds(const Var<T>& var) const {
@@ -380,6 +389,7 @@ private:
     std::size_t used_ = 0;
     std::uint64_t generation_ = 0;
     bool backward_done_ = false;
+    std::optional<std::uint32_t> seeded_with_one_;  ///< the output of the last backward(output), if seeded with one
     bool log_branches_ = false;
     std::vector<Branch<T>> branches_;
     Scratch scratch_;
@@ -439,6 +449,7 @@ void Tape<T>::backward(const Var<T>& output) {
     seed.grad.resize(value.shape());
     seed.grad.fill(T(1));
     sweep(output.index_);
+    seeded_with_one_ = output.index_;
 }
 
 template <Scalar T>
@@ -453,6 +464,7 @@ void Tape<T>::backward(const Var<T>& output, const Tensor<T>& upstream) {
     check_no_nan(upstream, "backward", "the upstream gradient");
     seed.grad = upstream;  // copy-assignment reuses the node's buffer
     sweep(output.index_);
+    seeded_with_one_.reset();
 }
 
 template <Scalar T>

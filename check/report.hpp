@@ -176,6 +176,24 @@ struct BranchChange {
     double precise = 0;        ///< the same at 50 digits
 };
 
+/// A Tape<float>'s own gradient of one leaf, as the program computed it in float (backward(J) on the
+/// recorded tape), against the 50-digit gradient of the same recorded function (check/recorded.hpp).
+/// The bound comes from the audit's rounding model: `estimate` is estimate_precision's spread of
+/// the leaf's gradient over 8 runs of the tape with each node's results randomly rounded in their
+/// last place (check/audit.hpp), the size of the error a float backward of this graph carries. A
+/// correct float path lands within a few such spreads of the truth (a random-rounding spread is a
+/// standard deviation; its runs see rounding between ops, not inside one, which may add a modest
+/// factor); the threshold takes 100 times the larger of the spread and float's unit roundoff
+/// u = 2^-24, so a float-only fault of 1e-4 relative or more is refused on any graph whose spread is
+/// below 1e-6, while a correct gradient is 10-30 spreads inside it.
+struct FloatGradientCheck {
+    std::string leaf;
+    double error = 0;     ///< normwise: ‖g_float − g_50‖₂ / ‖g_50‖₂ (absolute where g_50 = 0)
+    double estimate = 0;  ///< the random-rounding spread of the float gradient (normwise)
+    double threshold = 0; ///< 100 · max(estimate, 2^-24)
+    bool passed = true;
+};
+
 struct CheckReport {
     bool passed = true;
     CheckMode mode = CheckMode::full;
@@ -191,6 +209,10 @@ struct CheckReport {
     std::vector<BranchReport> branches;
     std::vector<std::string> consistency_failures;
     std::vector<BranchChange> branch_changes;  ///< a recorded tape's nodes (check/recorded.hpp)
+    /// A recorded Tape<float> whose gradients are J's: each leaf's float gradient against the truth
+    /// (a failure here fails the report). Empty for a double tape, a graph function, or a float
+    /// tape on which backward(J) has not run.
+    std::vector<FloatGradientCheck> float_gradients;
     double seconds = 0;
 
     /// The wrong branches, by consumer name.

@@ -4,7 +4,9 @@
 // must get the verdicts the generic-lambda check of the same graph gets, with the same coordinates
 // in the reports; the fault controls are rejected by both; a re-run at 50 digits equals a direct
 // 50-digit recording with the double-rounded constants, value for value; a float tape, its JVP and
-// HVP check too; an op without siblings is refused by name.
+// HVP check too, and its own float gradients against the truth (a fault in its float path only is
+// rejected); both dual re-runs of the JVP and HVP checks compared; a branch change named at its
+// element; an op without siblings is refused by name.
 #define BOOST_TEST_MODULE rerun
 #include "support.hpp"
 
@@ -40,6 +42,46 @@ struct ConstantOne {
     static void vjp(const Settings&, const VjpArgs<T>&, std::size_t, Tensor<T>&) {}
 };
 const bool constant_one_registered = register_siblings<ConstantOne>();
+
+// A cube whose VJP is wrong only in float, by a relative ppm · 1e-6 (the fault controls of the float
+// gradient check): at double and 50 digits it is right, so the finite-difference stages pass it.
+template <int ppm>
+struct CubeWrongInFloat {
+    static constexpr std::string_view name = "cube wrong in float";
+    using Settings = NoSettings;
+
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
+        const Tensor<T>& A = *in[0];
+        Y.resize(A.shape());
+        for (std::size_t k = 0; k < A.size(); ++k) Y[k] = A[k] * A[k] * A[k];
+    }
+    // dA = G ∘ 3A², times (1 + ppm · 1e-6) in float only
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        const Tensor<T>& A = *at.in[0];
+        const T factor = std::is_same_v<T, float> ? T(1 + ppm * 1e-6) : T(1);
+        for (std::size_t k = 0; k < A.size(); ++k) dA[k] = at.G[k] * T(3) * A[k] * A[k] * factor;
+    }
+};
+const bool cubes_registered = register_siblings<CubeWrongInFloat<0>>() && register_siblings<CubeWrongInFloat<100>>() &&
+                              register_siblings<CubeWrongInFloat<10000>>();
+
+// exp whose tangent is doubled in one dual type only (the fault controls of the recorded JVP and
+// HVP checks: each compares two dual re-runs, at 50 digits and at double, with 50-digit differences;
+// one left out lets its fault through).
+template <class Wrong>
+struct ExpWithWrongTangentIn : Exp {
+    static constexpr std::string_view name = "exp with a wrong tangent in one dual type";
+    template <Scalar T>
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>& saved) {
+        Exp::forward(s, in, Y, saved);
+        if constexpr (std::is_same_v<T, Wrong>)
+            for (T& y : Y.data()) y.tangent() *= 2;
+    }
+};
+const bool wrong_tangents_registered = register_siblings<ExpWithWrongTangentIn<Dual<mp50>>>() &&
+                                       register_siblings<ExpWithWrongTangentIn<Dual<double>>>();
 
 // A user's op left unregistered.
 struct Unregistered : Scale {
@@ -213,6 +255,73 @@ BOOST_AUTO_TEST_CASE(a_float_tape_and_the_second_order_checks_of_a_recorded_tape
     BOOST_TEST(hvp.passed, hvp.summary());
 }
 
+// A float tape's own gradients against the truth: J = Σ cube(X) W. The correct cube passes within
+// 16 u (a handful of roundings per element); the cube wrong in float by 1% and by 1e-4 is rejected
+// at X (error at the fault's size), W passes, and no finite difference fails (the VJP is right at
+// double and 50 digits). Before backward(J), and after backward(J, G), nothing is compared.
+template <int ppm>
+CheckReport float_cube_report(bool run_backward, bool seeded_with_one = true) {
+    Tape<float> tape;
+    const Var<float> X = tape.leaf(Tensor<float>::matrix({{0.7f, -1.3f, 0.45f}, {1.1f, 0.6f, -0.8f}}), "X");
+    const Var<float> W = tape.leaf(Tensor<float>::matrix({{0.3f, -0.9f}, {1.2f, 0.5f}, {-0.4f, 0.8f}}), "W");
+    const Var<float> J = sum(matmul(tape.record<CubeWrongInFloat<ppm>>({X}), W));
+    if (run_backward && seeded_with_one) tape.backward(J);
+    if (run_backward && !seeded_with_one) tape.backward(J, Tensor<float>(J.shape(), 1.0f));
+    return check_gradients(tape, J);
+}
+
+BOOST_AUTO_TEST_CASE(a_float_tapes_own_gradients_are_checked_and_a_float_only_fault_is_rejected) {
+    BOOST_TEST(cubes_registered);
+    const double u = std::ldexp(1.0, -24);
+    const CheckReport right = float_cube_report<0>(true);
+    BOOST_TEST(right.passed, right.summary());
+    BOOST_TEST_REQUIRE(right.float_gradients.size() == 2u);
+    for (const FloatGradientCheck& f : right.float_gradients) BOOST_TEST(f.error < 16 * u, f.leaf << ": " << f.error);
+    BOOST_TEST(right.summary().find("float32 gradient of X as the tape computed it") != std::string::npos);
+    for (const double relative : {1e-2, 1e-4}) {
+        const CheckReport wrong = relative == 1e-2 ? float_cube_report<10000>(true) : float_cube_report<100>(true);
+        BOOST_TEST(!wrong.passed, wrong.summary());
+        BOOST_TEST(wrong.failures == 0u);  // the finite-difference stages see a right VJP
+        BOOST_TEST_REQUIRE(wrong.float_gradients.size() == 2u);
+        BOOST_TEST(wrong.float_gradients[0].leaf == "X");
+        BOOST_TEST(!wrong.float_gradients[0].passed);
+        BOOST_TEST(wrong.float_gradients[0].error == relative, boost::test_tools::tolerance(0.01));
+        BOOST_TEST(wrong.float_gradients[1].passed);
+        BOOST_TEST(wrong.summary().find("float32 gradient of X") != std::string::npos);
+    }
+    BOOST_TEST(float_cube_report<10000>(false).float_gradients.empty());
+    BOOST_TEST(float_cube_report<10000>(true, false).float_gradients.empty());
+    BOOST_TEST(float_cube_report<10000>(true, false).passed);
+}
+
+// check_jvp(tape, Y) and check_hvp(tape, J) of Y = op(X), J = Σ Y ∘ Y.
+template <class Op>
+std::array<SecondOrderReport, 2> recorded_second_order_reports() {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>::matrix({{0.3, -0.7, 1.1}}), "X");
+    const Var<double> Y = tape.record<Op>({X});
+    return {check_jvp(tape, Y), check_hvp(tape, sum(mul(Y, Y)))};
+}
+
+// Both dual re-runs of a recorded tape are compared: a tangent wrong only at 50 digits fails with
+// the 50-digit error at the fault's size (the tangent doubled: relative error 1), one wrong only at
+// double with the double error so, the other side within its own threshold; exp itself passes.
+BOOST_AUTO_TEST_CASE(the_recorded_jvp_and_hvp_checks_compare_both_dual_reruns) {
+    BOOST_TEST(wrong_tangents_registered);
+    for (const SecondOrderReport& right : recorded_second_order_reports<Exp>())
+        BOOST_TEST(right.passed, right.summary());
+    for (const SecondOrderReport& wrong : recorded_second_order_reports<ExpWithWrongTangentIn<Dual<mp50>>>()) {
+        BOOST_TEST(!wrong.passed, wrong.summary());
+        BOOST_TEST(wrong.max_error_mp > 0.1, wrong.check);
+        BOOST_TEST(wrong.max_error_double < 1e-9, wrong.check);  // CheckOptions' double_tolerance
+    }
+    for (const SecondOrderReport& wrong : recorded_second_order_reports<ExpWithWrongTangentIn<Dual<double>>>()) {
+        BOOST_TEST(!wrong.passed, wrong.summary());
+        BOOST_TEST(wrong.max_error_double > 0.1, wrong.check);
+        BOOST_TEST(wrong.max_error_mp <= 1e-25, wrong.check);
+    }
+}
+
 BOOST_AUTO_TEST_CASE(an_op_without_siblings_is_refused_by_name) {
     Tape<double> tape;
     const Var<double> X = tape.leaf(Tensor<double>::matrix({{1, 2}}), "X");
@@ -276,7 +385,7 @@ BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
 BOOST_AUTO_TEST_CASE(a_rerun_that_takes_another_branch_is_reported_by_node) {
     const auto record = [](Tape<double>& tape, double b) {
         const Var<double> x = tape.leaf(Tensor<double>::matrix({{1, 2}}), "x");
-        const Var<double> h = relu(sub(add(x, tape.constant(Tensor<double>::matrix({{b, 0.5}}))), x)).named("h");
+        const Var<double> h = relu(sub(add(x, tape.constant(Tensor<double>::matrix({{0.5, b}}))), x)).named("h");
         // lane (1 + 1, 2 + |b|): a tie in double for b = −1e-17, none at 50 digits
         const Var<double> m = max(add(x, tape.constant(Tensor<double>::matrix({{1, -b}}))), 1);
         return add(sum(mul(h, h)), sum(m));
@@ -292,13 +401,13 @@ BOOST_AUTO_TEST_CASE(a_rerun_that_takes_another_branch_is_reported_by_node) {
     BOOST_TEST(tape.info(relu_change.node).op == "relu");
     BOOST_TEST(relu_change.elements == 1u);
     BOOST_TEST(relu_change.of == 2u);
-    BOOST_TEST(relu_change.first == "(0, 0)");
+    BOOST_TEST(relu_change.first == "(0, 1)");  // the second lane: a report naming the first is wrong
     BOOST_TEST(relu_change.recorded == 0.0);
     BOOST_TEST(relu_change.precise == -1e-17, boost::test_tools::tolerance(1e-12));
     BOOST_TEST(report.branch_changes[1].op == "max");
     BOOST_TEST(report.branch_changes[1].elements == 1u);
     BOOST_TEST(report.summary().find(fmt::format("node {} (relu 'h'): 1 of 2 elements take another branch at 50 "
-                                                 "digits than recorded (first at (0, 0)",
+                                                 "digits than recorded (first at (0, 1)",
                                                  relu_change.node)) != std::string::npos);
 
     Tape<double> plain;

@@ -5,9 +5,13 @@
 #include "check/second_order.hpp"
 
 #include "autodiff/rerun.hpp"
+#include "check/audit.hpp"
 #include "check/gradcheck.hpp"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include <string>
 #include <string_view>
@@ -80,12 +84,50 @@ std::vector<BranchChange> branch_changes(const Tape<S>& tape, const Var<S>& outp
     return changes;
 }
 
+// A Tape<float>'s own gradients, where backward(J) left them, against the 50-digit gradient of the
+// recorded function (the tape re-run at mp50 and back-propagated), each within 100 times its
+// random-rounding spread (check/report.hpp's FloatGradientCheck says why). The finite-difference
+// stages check the op's VJP at double and 50 digits; a fault in an op's float path only shows here.
+std::vector<FloatGradientCheck> float_gradient_checks(const Tape<float>& tape, const Var<float>& J,
+                                                      const std::vector<NamedTensor>& names, std::uint64_t seed) {
+    if (!tape.holds_gradients_of(J)) return {};
+    Tape<mp50> precise;
+    const std::vector<std::uint32_t> indices = gradient_leaves(tape, J);
+    std::vector<Var<mp50>> leaves;
+    for (const std::uint32_t i : indices)
+        leaves.push_back(precise.leaf(detail::tensor_as<mp50>(tape.recorded(i).value)));
+    precise.backward(rerun(tape, J, std::span<const Var<mp50>>(leaves)));
+    const PrecisionEstimate spread = estimate_precision(tape, J, EstimateOptions{.runs = 8, .seed = seed});
+    const double u = std::ldexp(1.0, -24);
+    std::vector<FloatGradientCheck> checks;
+    for (std::size_t l = 0; l < indices.size(); ++l) {
+        const Tensor<float>* computed = tape.recorded(indices[l]).grad;
+        const Tensor<mp50>& truth = leaves[l].grad();
+        mp50 difference2 = 0, truth2 = 0;
+        for (std::size_t k = 0; k < truth.size(); ++k) {
+            const mp50 d = (computed ? mp50((*computed)[k]) : mp50(0)) - truth[k];
+            difference2 += d * d;
+            truth2 += truth[k] * truth[k];
+        }
+        FloatGradientCheck check{names[l].name, 0, spread.leaves[l].normwise, 0, true};
+        check.error = to_double(sqrt(truth2 > 0 ? difference2 / truth2 : difference2));
+        check.threshold = 100 * std::max(check.estimate, u);
+        check.passed = check.error <= check.threshold;  // false for a NaN error too
+        checks.push_back(std::move(check));
+    }
+    return checks;
+}
+
 template <Scalar S>
 CheckReport check_on_tapes(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options, detail::WorkSplit* split) {
     const std::vector<NamedTensor> leaves = checked_leaves(tape, J, "check_gradients");
     const detail::GraphOnTapes graph{rerun_on<double>(tape, J), rerun_on<mp50>(tape, J)};
     CheckReport report = detail::run_check(graph, leaves, options, nullptr, split);
     report.branch_changes = branch_changes(tape, J);
+    if constexpr (std::is_same_v<S, float>) {
+        report.float_gradients = float_gradient_checks(tape, J, leaves, options.seed);
+        for (const FloatGradientCheck& f : report.float_gradients) report.passed = report.passed && f.passed;
+    }
     return report;
 }
 

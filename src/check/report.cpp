@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <ostream>
 
 namespace tapegrad {
@@ -17,6 +18,14 @@ std::string kinks_clause(std::size_t count, std::string_view then) {
     return fmt::format("{} {}{}", count, count == 1 ? "coordinate at a kink" : "coordinates at kinks", then);
 }
 
+// "1 of 2 float32 gradients as computed beyond their bounds; " for a float tape's own gradients.
+std::string float_clause(const std::vector<FloatGradientCheck>& checks) {
+    if (checks.empty()) return "";
+    const auto beyond =
+        std::count_if(checks.begin(), checks.end(), [](const FloatGradientCheck& f) { return !f.passed; });
+    return fmt::format("{} of {} float32 gradients as computed beyond their bounds; ", beyond, checks.size());
+}
+
 }  // namespace
 
 std::ostream& operator<<(std::ostream& out, Source source) { return out << to_string(source); }
@@ -26,9 +35,9 @@ std::string CheckReport::summary() const {
     std::string text = fmt::format(
         "gradcheck {} ({} mode, seed {}): {} of {} derivatives exceed the thresholds; "
         "max error double tape vs 50-digit differences {:.3g}, 50-digit tape vs 50-digit differences {:.3g}, "
-        "step agreement {:.3g}; {}{:.3f} s",
+        "step agreement {:.3g}; {}{}{:.3f} s",
         passed ? "passed" : "FAILED", to_string(mode), seed, failures, coordinates, max_error_double, max_error_mp,
-        max_step_disagreement, kinks_clause(kinks, "; "), seconds);
+        max_step_disagreement, kinks_clause(kinks, "; "), float_clause(float_gradients), seconds);
     for (const Mismatch& m : worst) {
         text += fmt::format(
             "\n  leaf {} index {}{}: analytic ({}) = {:.17g}, numeric (50-digit {} difference, h={:g}) = "
@@ -54,6 +63,11 @@ std::string CheckReport::summary() const {
                             "recorded (first at {}: {:.17g} as recorded, {:.17g} at 50 digits)",
                             b.node, b.op, b.label.empty() ? "" : " '" + b.label + "'", b.elements, b.of, b.first,
                             b.recorded, b.precise);
+    }
+    for (const FloatGradientCheck& f : float_gradients) {
+        text += fmt::format("\n  float32 gradient of {} as the tape computed it: error {:.3g} against the 50-digit "
+                            "gradient, threshold {:.3g} (100 x its random-rounding spread {:.3g}, at least 100 u){}",
+                            f.leaf, f.error, f.threshold, f.estimate, f.passed ? "" : ": FAILED");
     }
     return text;
 }
