@@ -1,10 +1,12 @@
 /// \file
 /// Re-running a recorded tape at another scalar type: the graph a program recorded on a Tape<double>
 /// or Tape<float>, as it stands (leaves, constants, every node's op and settings), recorded again
-/// on a tape of double, mp50 or their duals. Leaves and constants convert exactly (float and double
-/// are exact in mp50), and each op's settings convert from their recorded values (a factor 1/√d
-/// rounded to float stays that float), so the function re-run is the function the recorded tape
-/// computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
+/// on a tape of double, long double, mp50 or the duals of double and mp50 (long double serves the
+/// precision audit of a double tape, check/audit.hpp: 11 bits finer than double at a small fraction
+/// of mp50's cost, where it holds the exact part of each contributor run). Leaves and constants
+/// convert exactly (float and double are exact in mp50), and each op's settings convert from their
+/// recorded values (a factor 1/√d rounded to float stays that float), so the function re-run is
+/// the function the recorded tape computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
 /// taken again by the op's forward in the new precision.
 ///
 /// An op re-runs through its siblings: the same struct's entry at each target type, one function
@@ -49,7 +51,8 @@ struct Sibling {
 
 /// The siblings of an op recorded at S: one per type it can be re-run at.
 template <Scalar S>
-using SiblingsFrom = std::tuple<Sibling<S, double>, Sibling<S, mp50>, Sibling<S, Dual<double>>, Sibling<S, Dual<mp50>>>;
+using SiblingsFrom = std::tuple<Sibling<S, double>, Sibling<S, long double>, Sibling<S, mp50>, Sibling<S, Dual<double>>,
+                                Sibling<S, Dual<mp50>>>;
 
 /// An op's siblings: one per (recorded type, target type), for tapes recorded at float or double.
 struct OpSiblings {
@@ -93,6 +96,7 @@ template <Scalar T>
 constexpr std::string_view scalar_name() {
     if constexpr (std::is_same_v<T, float>) return "float";
     else if constexpr (std::is_same_v<T, double>) return "double";
+    else if constexpr (std::is_same_v<T, long double>) return "long double";
     else if constexpr (std::is_same_v<T, mp50>) return "mp50";
     else if constexpr (std::is_same_v<T, Dual<double>>) return "Dual<double>";
     else if constexpr (std::is_same_v<T, Dual<mp50>>) return "Dual<mp50>";

@@ -61,7 +61,7 @@ struct AuditOptions {
     /// Candidates for a leaf's largest contributor: this many nodes of largest local error, each
     /// evaluated alone in low precision (one extra forward and backward each).
     std::size_t contributor_candidates = 8;
-    bool progress = false;  ///< one line on stderr per stage (the 50-digit stages of a large tape take minutes)
+    bool progress = false;  ///< one line on stderr per stage and contributor run, with the seconds so far
 };
 
 /// One error, of a tensor held in low precision against its 50-digit truth.

@@ -4,7 +4,8 @@
 // without the max shift, sigmoid's derivative from its saturated output, an exp whose VJP reads its
 // output rounded too early) are each ranked first, by at least 2 digits more than the correct op;
 // and what 16-bit storage breaks (a negative variance, an overflow, log of 0, inf − inf) is reported
-// by node, not thrown.
+// by node, not thrown; each format's unit roundoff is stated and measured in; a leaf's top
+// contributor is the node that moves its gradient most, not the node ranked first locally.
 #define BOOST_TEST_MODULE audit
 #include "support.hpp"
 
@@ -340,6 +341,75 @@ BOOST_AUTO_TEST_CASE(bfloat16_storage_lays_the_error_where_the_rounding_is) {
     BOOST_TEST(f16.leaves.at(0).gradient.normwise < e.normwise);
 }
 
+// Each format's unit roundoff, half its ulp at 1 (p significant bits: u = 2^-p), stated once and
+// used for every figure in units of u: a fault of a factor of two in any of them fails here.
+BOOST_AUTO_TEST_CASE(each_format_states_its_unit_roundoff_and_measures_in_it) {
+    std::mt19937_64 rng(41);
+    Tape<float> tape;
+    const auto x = tape.leaf(float_tensor(Shape{4, 4}, rng, -1, 1), "x");
+    const Var<float> J = sum(mul(x, tape.constant(float_tensor(Shape{4, 4}, rng, 0.5, 1.5), "C")));
+    Tape<double> tape64;
+    const auto x64 = tape64.leaf(tensor_cast<double>(x.value()), "x");
+    const Var<double> J64 = sum(mul(x64, tape64.constant(Tensor<double>(Shape{4, 4}, 0.75), "C")));
+    struct Expected {
+        PrecisionAudit audit;
+        double u;
+        std::string precision;
+    };
+    const std::vector<Expected> cases{
+        {audit_precision(tape, J), 0x1p-24, "float32"},
+        {audit_precision(tape64, J64), 0x1p-53, "float64"},
+        {audit_precision(tape, J, {.storage = Storage::bfloat16}), 0x1p-8, "bfloat16 (computing in float32)"},
+        {audit_precision(tape64, J64, {.storage = Storage::bfloat16}), 0x1p-8, "bfloat16 (computing in float64)"},
+        {audit_precision(tape, J, {.storage = Storage::float16}), 0x1p-11, "float16 (computing in float32)"}};
+    for (const Expected& c : cases) {
+        BOOST_TEST(c.audit.precision == c.precision);
+        BOOST_TEST(c.audit.unit_roundoff == c.u, c.precision);
+        BOOST_TEST(c.audit.table().find(fmt::format("(u = {:.3g})", c.u)) != std::string::npos, c.precision);
+        for (const LeafAudit& leaf : c.audit.leaves) {
+            BOOST_TEST(leaf.gradient.in_u == leaf.gradient.normwise / c.u, boost::test_tools::tolerance(1e-12));
+        }
+    }
+}
+
+// The top contributor of a leaf's gradient is the node whose low precision alone moves it most,
+// not the node ranked first by its own local error. J = Σ (x ∘ C1) ∘ C2 + Σ y ∘ C3 with x = y = 1,
+// in bfloat16 (8 bits: 1 + 2^-9, 1 + 2^-11 and 1 + 3 · 2^-10 round to 1). For x, alone:
+//   C1 kept in bfloat16: dx = C2, relative error 1 − 1/(1 + 2^-9)              ≈ 1.95e-3;
+//   C2 (or the outer mul's VJP): error ≈ 2^-11                                  ≈ 4.9e-4;
+//   the inner mul, whose VJP result (1 + 2^-11)(1 + 2^-9) is stored as 1:
+//     1 − 1/((1 + 2^-9)(1 + 2^-11))                                             ≈ 2.44e-3,
+// which is the whole error of the bfloat16 run (share 1). C3 (relative error 3 · 2^-10, 0.75 u) and
+// its mul lose most locally and are ranked first, yet move only y's gradient.
+BOOST_AUTO_TEST_CASE(the_top_contributor_is_the_node_that_moves_the_gradient_most) {
+    Tape<float> tape;
+    const auto ones = Tensor<float>(Shape{2, 2}, 1.0f);
+    const auto x = tape.leaf(ones, "x");
+    const auto y = tape.leaf(ones, "y");
+    const auto C1 = tape.constant(Tensor<float>(Shape{2, 2}, 1 + 0x1p-9f), "C1");
+    const auto C2 = tape.constant(Tensor<float>(Shape{2, 2}, 1 + 0x1p-11f), "C2");
+    const auto C3 = tape.constant(Tensor<float>(Shape{2, 2}, 1 + 3 * 0x1p-10f), "C3");
+    const Var<float> inner = mul(x, C1);
+    const Var<float> outer_y = mul(y, C3);
+    const Var<float> J = add(sum(mul(inner, C2)), sum(outer_y));
+    const PrecisionAudit audit = audit_precision(tape, J, {.storage = Storage::bfloat16});
+    BOOST_TEST_MESSAGE(audit.table());
+    BOOST_TEST((audit.worst().node == C3.index() || audit.worst().node == outer_y.index()));
+    const LeafAudit& lx = audit.leaves.at(0);
+    BOOST_TEST(lx.name == "x");
+    const double whole = 1 - 1 / ((1 + 0x1p-9) * (1 + 0x1p-11));
+    BOOST_TEST(lx.gradient.normwise == whole, boost::test_tools::tolerance(1e-9));
+    BOOST_TEST(lx.top_contributor == inner.index(), "x's top contributor is node " << lx.top_contributor);
+    BOOST_TEST(lx.top_contributor_op == "mul");
+    BOOST_TEST(lx.top_contributor_share == 1.0, boost::test_tools::tolerance(1e-9));
+    const LeafAudit& ly = audit.leaves.at(1);
+    BOOST_TEST((ly.top_contributor == C3.index() || ly.top_contributor == outer_y.index()),
+               "y's top contributor is node " << ly.top_contributor);
+    BOOST_TEST(audit.table().find(fmt::format("node {} (mul), 100% alone", inner.index())) != std::string::npos);
+    const auto parsed = nlohmann::json::parse(audit.json());
+    BOOST_TEST(parsed["leaves"][0]["top_contributor"].get<std::uint32_t>() == inner.index());
+}
+
 // A double tape is audited against the same 50-digit truth: the held-out graph loses a few of
 // double's digits at most (each leaf's gradient below 1e-13 relative: 2⁻⁵³ ≈ 1.1e-16 times a
 // condition of at most 10³ on these well-scaled inputs), and the ranking holds its nodes.
@@ -355,6 +425,26 @@ BOOST_AUTO_TEST_CASE(double_tapes_are_audited_at_double_precision) {
         BOOST_TEST(leaf.gradient.measured);
         BOOST_TEST(leaf.gradient.normwise < 1e-13, leaf.name);
     }
+}
+
+// A double tape's contributor runs hold their exact part finer than double (long double, or 50
+// digits where long double is no wider): in J = Σ (x ∘ C1) ∘ C2 the only rounding of x's gradient is
+// the inner mul's VJP, C2 · C1 rounded to double, so that node alone makes the whole error (share 1:
+// the run rounds the same products as the float64 run), although the forward products round too.
+BOOST_AUTO_TEST_CASE(a_double_tapes_top_contributor_is_measured_finer_than_double) {
+    std::mt19937_64 rng(43);
+    Tape<double> tape;
+    const auto x = tape.leaf(random_tensor(Shape{4, 4}, rng), "x");
+    const auto C1 = tape.constant(tensor_cast<double>(float_tensor(Shape{4, 4}, rng, 0.5, 1.5)), "C1");
+    const auto C2 = tape.constant(random_tensor(Shape{4, 4}, rng), "C2");
+    const Var<double> inner = mul(x, C1);
+    const Var<double> J = sum(mul(inner, C2));
+    const PrecisionAudit audit = audit_precision(tape, J);
+    BOOST_TEST_MESSAGE(audit.table());
+    const LeafAudit& leaf = audit.leaves.at(0);
+    BOOST_TEST(leaf.gradient.normwise > 0.01 * 0x1p-53);  // random doubles' products round
+    BOOST_TEST(leaf.top_contributor == inner.index(), "top contributor: node " << leaf.top_contributor);
+    BOOST_TEST(leaf.top_contributor_share == 1.0, boost::test_tools::tolerance(1e-9));
 }
 
 // The three outputs: the table names the worst node first, the JSON parses and holds every node

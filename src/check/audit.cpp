@@ -475,9 +475,18 @@ void note_lost_values(const Run<S, S>& low, const Truth& truth, std::uint32_t i,
     if (!what.empty()) log.add(i, op, low.name, std::move(what));
 }
 
-void progress(const AuditOptions& options, std::string_view stage) {
-    if (options.progress) fmt::print(stderr, "audit_precision: {}\n", stage);
-}
+// One line on stderr per stage when asked, with the seconds since the audit began: a large tape's
+// 50-digit stages take minutes, and the lines say which.
+struct Progress {
+    bool on;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+
+    void operator()(std::string_view stage) const {
+        if (!on) return;
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+        fmt::print(stderr, "audit_precision: {:8.1f} s  {}\n", seconds, stage);
+    }
+};
 
 template <Scalar S>
 NodeAudit describe(const Tape<S>& tape, std::uint32_t i) {
@@ -491,14 +500,17 @@ NodeAudit describe(const Tape<S>& tape, std::uint32_t i) {
 }
 
 // For each leaf, the candidate whose low precision alone moves its gradient most: one run per
-// candidate at W (double when the audited precision is float32 or 16 bits, else mp50), every
+// candidate at W (double when the audited precision is float32 or 16 bits, else long double), every
 // other node exact.
 template <Scalar W, Scalar S>
 void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vector<std::uint32_t>& exact_index,
                        const Var<S>& J, Storage storage, const Truth& truth, const Precision& precision,
-                       std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves, EventLog& log) {
+                       std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves, EventLog& log,
+                       const Progress& progress) {
     std::vector<double> best(leaves.size(), -1);
     for (const std::uint32_t c : candidates) {
+        progress(fmt::format("node {} ({}) alone in {}, run {} of {}", c, describe(tape, c).op, precision.name,
+                             &c - candidates.data() + 1, candidates.size()));
         Run<W, S> run(tape, exact, exact_index, J.index(), storage, [c](std::uint32_t i) { return i == c; });
         run.log = &log;
         run.name = fmt::format("node {} alone in {}", c, precision.name);
@@ -519,9 +531,24 @@ void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vec
     }
 }
 
+// find_contributors with the exact part of each run at W: the tape re-run at W once, shared.
+template <Scalar W, Scalar S>
+void contributor_runs(const Tape<S>& tape, const Var<S>& J, Storage storage, const Truth& truth,
+                      const Precision& precision, std::span<const std::uint32_t> candidates,
+                      std::vector<LeafAudit>& leaves, EventLog& log, const Progress& progress) {
+    Tape<W> exact;
+    std::vector<Var<W>> exact_leaves, mapped;
+    for (const std::uint32_t i : gradient_leaves(tape, J))
+        exact_leaves.push_back(exact.leaf(detail::tensor_as<W>(tape.recorded(i).value)));
+    (void)rerun(tape, J, std::span<const Var<W>>(exact_leaves), &mapped);
+    std::vector<std::uint32_t> index;
+    for (const Var<W>& v : mapped) index.push_back(v.index());
+    find_contributors(tape, exact, index, J, storage, truth, precision, candidates, leaves, log, progress);
+}
+
 template <Scalar S>
 PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& options) {
-    const auto started = std::chrono::steady_clock::now();
+    const Progress progress{options.progress};
     if (!tape.holds(J)) {
         throw usage_error("audit_precision: J is not a value of this tape (another tape's, or from before a clear())");
     }
@@ -534,11 +561,11 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     result.precision = precision.name;
     result.unit_roundoff = precision.u;
 
-    progress(options, "re-running the tape at 50 digits (values and adjoints)");
+    progress("re-running the tape at 50 digits (values and adjoints)");
     Truth truth;
     take_truth(tape, J, truth);
 
-    progress(options, fmt::format("the {} run", precision.name));
+    progress(fmt::format("the {} run", precision.name));
     std::vector<std::uint32_t> identity(J.index() + 1);
     for (std::uint32_t i = 0; i <= J.index(); ++i) identity[i] = i;
     EventLog log;
@@ -548,7 +575,7 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     low.forward();
     low.backward(true);
 
-    progress(options, "each node alone on exact inputs");
+    progress("each node alone on exact inputs");
     LocalAudit<S> local{tape, truth, precision, options.storage, {}, &log,
                         fmt::format("the node alone on exact inputs in {}", precision.name)};
     std::vector<NodeAudit> nodes;
@@ -593,23 +620,23 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         if (candidates.size() == options.contributor_candidates || !(n.local_in_u > 0)) break;
         candidates.push_back(n.node);
     }
-    progress(options, fmt::format("{} runs with one node in low precision", candidates.size()));
+    progress(fmt::format("{} runs with one node in low precision", candidates.size()));
     if (precision.u >= 0x1p-30) {  // float32 or 16 bits: double is exact enough to hold the rest
-        Tape<double> exact;
-        std::vector<Var<double>> leaves, mapped;
-        for (const std::uint32_t i : gradient_leaves(tape, J))
-            leaves.push_back(exact.leaf(detail::tensor_as<double>(tape.recorded(i).value)));
-        (void)rerun(tape, J, std::span<const Var<double>>(leaves), &mapped);
-        std::vector<std::uint32_t> index;
-        for (const Var<double>& v : mapped) index.push_back(v.index());
-        find_contributors(tape, exact, index, J, options.storage, truth, precision, candidates, result.leaves, log);
-    } else {
+        contributor_runs<double>(tape, J, options.storage, truth, precision, candidates, result.leaves, log, progress);
+    } else if constexpr (std::numeric_limits<long double>::digits >= 64) {
+        // float64: long double (x87's 64-bit significand) holds the rest 2^11 finer than the double
+        // node whose rounding each run measures, so the run's own error stays near 1/2000 of it;
+        // at mp50 these runs were most of a char-LM step's audit (docs/performance.md).
+        contributor_runs<long double>(tape, J, options.storage, truth, precision, candidates, result.leaves, log,
+                                      progress);
+    } else {  // a long double no finer than double (some ABIs): at 50 digits
         find_contributors(tape, truth.tape, truth.index, J, options.storage, truth, precision, candidates,
-                          result.leaves, log);
+                          result.leaves, log, progress);
     }
     result.nodes = std::move(nodes);
     result.events = log.take();
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - progress.started).count();
+    progress("done");
     return result;
 }
 
