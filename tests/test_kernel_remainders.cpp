@@ -3,8 +3,9 @@
 // every remainder of every vector width the levels use (2 and 4 lanes in SSE2, 4 and 8 in AVX2, 8
 // and 16 in AVX-512; the exp kernels' blocks of 64 with their 16-wide tails): 1 to 40, and 47–49,
 // 63–65, 127–130. A level whose tail loop drops, repeats or misplaces an element gives errors of
-// order one there, far past the bounds below; tests/test_cpu_levels.cpp holds the same kernels at
-// one length each, with the attention they make up.
+// order one there, far past the bounds below; every position of a row is compared (fault control:
+// a softmax row wrong only in lane n − 2 is rejected at every level). tests/test_cpu_levels.cpp
+// holds the same kernels at one length each, with the attention they make up.
 #define BOOST_TEST_MODULE kernel_remainders
 #include "support.hpp"
 
@@ -56,13 +57,11 @@ std::vector<T> draws(std::size_t n, double spread, std::mt19937_64& rng) {
 template <class T>
 constexpr Long u = std::numeric_limits<T>::epsilon() / 2;
 
-// softmax_row and softmax_vjp_row: n exps (≤ 4u each, relative) and sums of n terms (≤ n·u):
-// a weight within (n + 8)·u of its value; dS_k = w_k·(g_k − Σ g_j w_j) within (n + 8)·u of
-// w_k·(|g_k| + Σ |g_j| w_j).
+// softmax_row: n exps (≤ 4u each, relative) and sums of n terms (≤ n·u): a weight within
+// (n + 8)·u of its value; a hidden position's (−inf) exactly 0. Returns the weights.
 template <class T>
-void softmax_rows(const OpKernels<T>& k, std::size_t n, std::mt19937_64& rng, Tally& tally) {
-    std::vector<T> scores = draws<T>(n, 6.0, rng);
-    if (n > 3) scores[n - 2] = -std::numeric_limits<T>::infinity();  // a hidden position in the tail
+std::vector<T> checked_softmax_row(const OpKernels<T>& k, const std::vector<T>& scores, Tally& tally) {
+    const std::size_t n = scores.size();
     T row_max = -std::numeric_limits<T>::infinity();
     for (const T s : scores) row_max = std::max(row_max, s);
     std::vector<T> weights(n);
@@ -77,6 +76,24 @@ void softmax_rows(const OpKernels<T>& k, std::size_t n, std::mt19937_64& rng, Ta
         tally.expect(reference[j] == 0 ? weights[j] == 0 : error <= bound * reference[j],
                      fmt::format("softmax_row n={} at {}: {} vs {}", n, j, double(weights[j]), double(reference[j])));
     }
+    return weights;
+}
+
+// softmax_row on a row with every position visible, so every lane's weight is compared (a hidden
+// position's weight is 0 whatever its lane computed: hiding one in every row hid that lane), then
+// on the same scores with position n − 2 hidden (in the tail), which must get exactly 0 and the
+// others their weights without it. softmax_vjp_row on the visible row's weights: dS_k =
+// w_k·(g_k − Σ g_j w_j) within (n + 8)·u of w_k·(|g_k| + Σ |g_j| w_j).
+template <class T>
+void softmax_rows(const OpKernels<T>& k, std::size_t n, std::mt19937_64& rng, Tally& tally) {
+    const std::vector<T> scores = draws<T>(n, 6.0, rng);
+    const std::vector<T> weights = checked_softmax_row(k, scores, tally);
+    if (n > 3) {
+        std::vector<T> hidden = scores;
+        hidden[n - 2] = -std::numeric_limits<T>::infinity();
+        checked_softmax_row(k, hidden, tally);
+    }
+    const Long bound = Long(n + 8) * u<T>;
     const std::vector<T> upstream = draws<T>(n, 2.0, rng);
     std::vector<T> dS(n);
     k.softmax_vjp_row(weights.data(), upstream.data(), n, dS.data());
@@ -300,6 +317,36 @@ void gemm_block_missing_the_last_odd_column(kernels::Form form, std::size_t m, s
             C[i * n + last] = kept[i * n + last];
 }
 
+// A softmax row wrong only in lane n − 2 (twice its weight) when n ≡ 3 (mod 4), as an AVX2
+// remainder loop that mishandles the middle one of three leftover lanes would be: the active
+// level's kernel, then that lane spoilt unless its position is hidden (the kernel zeroes hidden
+// positions after its exps, so a hidden position hides whatever its lane computed).
+template <class T>
+void softmax_row_wrong_in_lane_n_minus_2(const T* scores, std::size_t n, T row_max, T* weights) {
+    op_kernels<T>().softmax_row(scores, n, row_max, weights);
+    if (n % 4 == 3 && scores[n - 2] != -std::numeric_limits<T>::infinity()) weights[n - 2] *= T(2);
+}
+
+// At every level: the variant fails exactly one comparison per row length ≡ 3 (mod 4), the visible
+// row's lane n − 2, while the level's own kernel passes the same comparisons.
+template <class T>
+void wrong_lane_rejected_at_every_level(const char* type) {
+    const testing::RestoreCpuLevel restore;
+    const std::vector<std::size_t> lengths = row_lengths();
+    const auto faulty_rows =
+        std::size_t(std::count_if(lengths.begin(), lengths.end(), [](std::size_t n) { return n % 4 == 3; }));
+    for (const CpuLevel level : available_cpu_levels()) {
+        set_cpu_level(level);
+        OpKernels<T> broken = op_kernels<T>();
+        broken.softmax_row = &softmax_row_wrong_in_lane_n_minus_2<T>;
+        const Tally bad = check_op_kernels(broken, 41);
+        BOOST_TEST_MESSAGE(cpu_level_name(level)
+                           << " " << type << " softmax_row wrong in lane n - 2: " << bad.summary());
+        BOOST_TEST(bad.failures == faulty_rows, cpu_level_name(level) << " " << type << ": " << bad.summary());
+        BOOST_TEST(check_op_kernels(op_kernels<T>(), 41).failures == 0u);
+    }
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(every_kernel_agrees_at_every_remainder_and_level_double) { check_every_level<double>("double"); }
@@ -319,4 +366,9 @@ BOOST_AUTO_TEST_CASE(a_kernel_whose_remainder_drops_a_term_is_rejected) {
     const Tally bad_engine = check_engine_kernels(broken_engine, 42);
     BOOST_TEST_MESSAGE("gemm_block missing the last odd column: " << bad_engine.summary());
     BOOST_TEST(bad_engine.failures > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_softmax_row_wrong_only_in_lane_n_minus_2_is_rejected_at_every_level) {
+    wrong_lane_rejected_at_every_level<double>("double");
+    wrong_lane_rejected_at_every_level<float>("float");
 }

@@ -1,7 +1,8 @@
 // The float/double GEMM kernels: each of the three forms (A·B, A·Bᵀ, Aᵀ·B) agrees with the
 // generic loop the multiprecision path uses (run in long double), and splitting a large product
-// over threads (by rows, or by columns when C has few rows) gives one thread's result bit for bit;
-// so do matmul's two gradients computed side by side.
+// over threads (by rows, or by columns when C has few rows) gives one thread's result bit for bit,
+// also at sizes that are no multiple of the blocks (the last, short row or column block); so do
+// matmul's two gradients computed side by side.
 #define BOOST_TEST_MODULE kernels
 #include "support.hpp"
 
@@ -66,15 +67,22 @@ BOOST_AUTO_TEST_CASE(products_are_cut_by_rows_by_columns_or_not_at_all) {
 
 namespace {
 
-// C = op(A)·op(B) for C of 64 rows and 1024 columns, 1024 deep, on `threads` threads.
+// C (m×n) = op(A)·op(B), k deep, on `threads` threads. C starts as NaN, so an element the product
+// never writes is wrong in every comparison.
 template <class T>
-std::vector<T> wide_product(kernels::Form form, const Tensor<T>& A, const Tensor<T>& B, unsigned threads) {
-    constexpr std::size_t m = 64, n = 1024, k = 1024;
-    std::vector<T> C(m * n);
+std::vector<T> product_on_threads(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const Tensor<T>& A,
+                                  const Tensor<T>& B, unsigned threads) {
+    std::vector<T> C(m * n, std::numeric_limits<T>::quiet_NaN());
     set_threads(threads);
     kernels::gemm(form, m, n, k, A.data().data(), B.data().data(), C.data(), false);
     set_threads(0);
     return C;
+}
+
+// C = op(A)·op(B) for C of 64 rows and 1024 columns, 1024 deep, on `threads` threads.
+template <class T>
+std::vector<T> wide_product(kernels::Form form, const Tensor<T>& A, const Tensor<T>& B, unsigned threads) {
+    return product_on_threads(form, 64, 1024, 1024, A, B, threads);
 }
 
 // A and B of the given sizes, drawn uniformly from [-1, 1] (testing::random_tensor) and rounded to T.
@@ -178,4 +186,90 @@ BOOST_AUTO_TEST_CASE(matmul_gradients_side_by_side_match_one_thread) {
     const std::vector<double> dW_data(dW_one.data().begin(), dW_one.data().end());
     BOOST_TEST(max_mixed(dX_data, reference_product(kernels::Form::abT, T, D, d, g.data(), w.data())) <= 1.2e-10);
     BOOST_TEST(max_mixed(dW_data, reference_product(kernels::Form::aTb, D, d, T, x.data(), g.data())) <= 1.2e-10);
+}
+
+namespace {
+
+// A product of the test below: C is m×n, k deep, cut as `split` (kernels::split_of), with its rows
+// (row split) or columns (column split) no multiple of their blocks, so the last block is short.
+struct UnevenProduct {
+    std::size_t m, n, k;
+    kernels::Split split;
+};
+
+// Each just past kernels::parallel_madds (4 194 304 multiply-adds), k odd. Row blocks (multiples of
+// 16 rows): m = 131 is cut 80 + 51 on any count from 2; 301 is 160 + 141 on 2 threads, 112·2 + 77
+// on 3, 80·3 + 61 on 4; 257 is 144 + 113, 96·2 + 65, 80·3 + 17. Column blocks (256 columns, m < 128):
+// n = 600 is 256·2 + 88, n = 1031 is 256·4 + 7.
+constexpr std::array<UnevenProduct, 7> uneven_products{{
+    {131, 257, 127, kernels::Split::rows},
+    {301, 600, 25, kernels::Split::rows},
+    {257, 1031, 17, kernels::Split::rows},
+    {1, 1031, 4099, kernels::Split::columns},
+    {3, 600, 2333, kernels::Split::columns},
+    {17, 1031, 241, kernels::Split::columns},
+    {127, 600, 57, kernels::Split::columns},
+}};
+
+// How many elements of C fail a comparison, and the first of them.
+struct Misses {
+    std::size_t count = 0, first = 0;
+};
+
+template <class Ok>
+Misses misses(std::size_t size, const Ok& ok) {
+    Misses found;
+    for (std::size_t x = 0; x < size; ++x)
+        if (!ok(x) && found.count++ == 0) found.first = x;
+    return found;
+}
+
+std::string describe(const Misses& found, std::size_t m, std::size_t n) {
+    return fmt::format("{} of {} wrong, first at ({}, {})", found.count, m * n, found.first / n, found.first % n);
+}
+
+// One uneven product on 1 to 4 threads. Each result within the rounding bound of the long-double
+// reference, element by element: γ_k·Σ_p |a_p·b_p| (γ_k = k·u/(1 − k·u): k products summed in any
+// order, with or without FMA; the bound of wide_products_match_one_thread, with Σ|terms| taken per
+// element instead of bounded by k), plus u·|C| for the reference's rounding to double (its own
+// error, k·5e-20·Σ|terms|, is far below). On 2 to 4 threads, one thread's result bit for bit.
+template <class T>
+void uneven_product_matches(const UnevenProduct& p, kernels::Form form, const char* type) {
+    const auto [A, B] = operands<T>(p.m * p.k, p.k * p.n, p.m + p.n + p.k);
+    const auto absolute = [](Tensor<T> t) {
+        for (T& x : t.data()) x = std::abs(x);
+        return t;
+    };
+    const Tensor<T> A_abs = absolute(A), B_abs = absolute(B);
+    const std::vector<double> reference = reference_product(form, p.m, p.n, p.k, A.data(), B.data());
+    const std::vector<double> magnitude = reference_product(form, p.m, p.n, p.k, A_abs.data(), B_abs.data());
+    const double u = std::numeric_limits<T>::epsilon() / 2, k = double(p.k);
+    const double per_magnitude = k * u / (1 - k * u) + u;
+    const std::vector<T> one = product_on_threads(form, p.m, p.n, p.k, A, B, 1);
+    for (const unsigned threads : {1u, 2u, 3u, 4u}) {
+        const std::vector<T> C = threads == 1 ? one : product_on_threads(form, p.m, p.n, p.k, A, B, threads);
+        const Misses off = misses(C.size(), [&](std::size_t x) {
+            return std::abs(double(C[x]) - reference[x]) <= per_magnitude * magnitude[x];
+        });
+        const Misses differ = misses(C.size(), [&](std::size_t x) { return threads == 1 || C[x] == one[x]; });
+        BOOST_TEST_CONTEXT(type << " form " << int(form) << " m=" << p.m << " n=" << p.n << " k=" << p.k << ", "
+                                << threads << " threads") {
+            BOOST_TEST(off.count == 0u, "off the reference: " << describe(off, p.m, p.n));
+            BOOST_TEST(differ.count == 0u, "not one thread's bits: " << describe(differ, p.m, p.n));
+        }
+    }
+}
+
+}  // namespace
+
+// Every cut gemm makes (row blocks; column blocks when C has few rows), in each of the three forms,
+// with the last block short: on any thread count, every element is computed, as one thread computes it.
+BOOST_AUTO_TEST_CASE(uneven_products_match_one_thread_and_the_reference) {
+    for (const UnevenProduct& p : uneven_products) {
+        BOOST_TEST((kernels::split_of(p.m, p.n, p.k) == p.split), "m=" << p.m << " n=" << p.n << " k=" << p.k);
+        for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
+            uneven_product_matches<float>(p, form, "float");
+            uneven_product_matches<double>(p, form, "double");
+        }
+    }
 }

@@ -4,17 +4,23 @@
 // threads setting is obeyed, several user threads may call parallel_for at once, the fused op's
 // in-order dQ turns sleep and can be called off; and independent tapes recorded and
 // differentiated on several threads at once give bit for bit the results of one after the other.
+// parallel_chunks at odd and prime counts on 2 to 4 threads visits every index exactly once, and
+// its users (softmax's rows, scale, mask, the tape's NaN scan) reach the last row or element.
 // Also built under ThreadSanitizer (.ci/run).
 #define BOOST_TEST_MODULE threads
 #include "support.hpp"
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 using namespace tapegrad;
@@ -296,4 +302,239 @@ BOOST_AUTO_TEST_CASE(independent_tapes_on_several_threads_match_one_after_the_ot
     }
     // Fault control: the comparison tells two seeds' graphs apart.
     BOOST_TEST(!(at_once[0].tensors[2] == in_turn[1].tensors[2]));
+}
+
+namespace {
+
+// One parallel_chunks loop of `count` items on `threads` threads: every index visited exactly once,
+// by chunks inside [0, count), in as many chunks as autodiff/parallel.hpp says (one per thread, each
+// of at least `grain` items; the whole loop at once below two grains' worth, or when grain is 0).
+void visits_each_index_once(std::size_t count, std::size_t grain, unsigned threads) {
+    std::vector<std::atomic<int>> visits(count);
+    std::atomic<std::size_t> chunks{0};
+    std::atomic<bool> inside{true};
+    parallel_chunks(count, grain, [&](std::size_t first, std::size_t last) {
+        ++chunks;
+        if (first > last || last > count) {
+            inside = false;
+            return;
+        }
+        for (std::size_t k = first; k < last; ++k) visits[k].fetch_add(1, std::memory_order_relaxed);
+    });
+    std::size_t wrong = 0, first_wrong = 0;
+    for (std::size_t k = 0; k < count; ++k)
+        if (visits[k].load() != 1 && wrong++ == 0) first_wrong = k;
+    BOOST_TEST(inside.load(), "a chunk reaches outside [0, count)");
+    BOOST_TEST(wrong == 0u, wrong << " of " << count << " indices not visited exactly once, the first " << first_wrong
+                                  << " (" << (wrong == 0 ? 1 : visits[first_wrong].load()) << " times)");
+    const std::size_t expected = grain == 0 || count < 2 * grain ? 1 : std::min<std::size_t>(count / grain, threads);
+    BOOST_TEST(chunks.load() == expected);
+}
+
+}  // namespace
+
+// Counts odd and prime (and 2), grains from 1 item to elementwise_grain (and 0: never split), 2 to
+// 4 threads: the chunk boundaries chunk·count/chunks leave no index out and none twice, the last
+// included.
+BOOST_AUTO_TEST_CASE(parallel_chunks_visits_every_index_once_at_odd_and_prime_counts) {
+    constexpr std::array<std::size_t, 11> counts{1, 2, 3, 5, 7, 31, 97, 1009, 4099, 65537, 262147};
+    constexpr std::array<std::size_t, 7> grains{0, 1, 2, 3, 7, 1000, elementwise_grain};
+    for (unsigned threads = 2; threads <= 4; ++threads) {
+        const ThreadsSetting setting(threads);
+        for (const std::size_t count : counts)
+            for (const std::size_t grain : grains) {
+                BOOST_TEST_CONTEXT("count " << count << ", grain " << grain << ", " << threads << " threads") {
+                    visits_each_index_once(count, grain, threads);
+                }
+            }
+    }
+}
+
+namespace {
+
+template <class T>
+constexpr T nan_of = std::numeric_limits<T>::quiet_NaN();
+
+// An op's forward and its VJP for input 0 with the threads setting at `threads`, called on the op
+// struct into outputs filled with NaN, so an element a loop skips stays NaN. (Not through a tape: a
+// tape takes over the buffers a dying tape left, which may hold the right values where a loop
+// skipped an element.)
+template <class Op, class T, class Settings>
+std::pair<Tensor<T>, Tensor<T>> forward_and_vjp(unsigned threads, const Settings& s,
+                                                const std::vector<const Tensor<T>*>& in, const Tensor<T>& G) {
+    const ThreadsSetting setting(threads);
+    const Inputs<T> inputs(in);
+    Tensor<T> out(G.shape(), nan_of<T>), saved, din(in[0]->shape(), nan_of<T>);
+    Op::template forward<T>(s, inputs, out, saved);
+    Op::template vjp<T>(s, VjpArgs<T>{inputs, out, saved, G}, 0, din);
+    return {std::move(out), std::move(din)};
+}
+
+// Where two results differ (a NaN differs from everything): empty, or how many and the first.
+template <class T>
+std::string differing(const Tensor<T>& a, const Tensor<T>& b) {
+    std::size_t count = 0, first = 0;
+    for (std::size_t x = 0; x < a.size(); ++x)
+        if (!(a[x] == b[x]) && count++ == 0) first = x;
+    if (count == 0) return {};
+    return fmt::format("{} of {} differ, the first at {}", count, a.size(), index_string(a.shape(), first));
+}
+
+// `Op` on inputs `in` with upstream gradient G at 1 to 4 threads: values and gradients one
+// thread's bit for bit, and the last row of each result true to the op's formula
+// (`last_row_off(out, din)` counts the values and gradients there that miss it).
+template <class Op, class T, class Settings, class LastRowOff>
+void matches_one_thread_and_formula(const std::string& what, const Settings& s, const std::vector<const Tensor<T>*>& in,
+                                    const Tensor<T>& G, const LastRowOff& last_row_off) {
+    const auto one = forward_and_vjp<Op>(1, s, in, G);
+    for (unsigned threads = 1; threads <= 4; ++threads) {
+        const auto result = threads == 1 ? one : forward_and_vjp<Op>(threads, s, in, G);
+        BOOST_TEST_CONTEXT(what << ", " << threads << " threads") {
+            const std::string values = differing(result.first, one.first);
+            const std::string gradients = differing(result.second, one.second);
+            BOOST_TEST(values.empty(), "values: " << values);
+            BOOST_TEST(gradients.empty(), "gradients: " << gradients);
+            const std::size_t off = last_row_off(result.first, result.second);
+            BOOST_TEST(off == 0u,
+                       off << " of the last row's " << 2 * G.cols() << " values and gradients off the formula");
+        }
+    }
+}
+
+// Softmax's last row against its formula in long double, with the bounds of
+// tests/test_kernel_remainders.cpp (an exp within 4u, plus |S_j − max|·u ≤ 2u from rounding the
+// shift of scores in [-1, 1]; sums of n terms within n·u): A_j within (n + 8)·u of
+// e^(S_j − max)/Σ_k e^(S_k − max), relative; dS_j within (n + 8)·u·A_j·(|G_j| + Σ_k |G_k|·A_k) of
+// A_j·(G_j − Σ_k G_k·A_k), from A as returned.
+template <class T>
+std::size_t softmax_last_row_off(const Tensor<T>& S, const Tensor<T>& G, const Tensor<T>& A, const Tensor<T>& dS) {
+    using Long = long double;
+    const std::size_t n = S.cols(), row = S.size() - n;
+    const Long bound = Long(n + 8) * std::numeric_limits<T>::epsilon() / 2;
+    Long row_max = S[row], total = 0, mean = 0, magnitude = 0;
+    for (std::size_t j = 0; j < n; ++j) row_max = std::max(row_max, Long(S[row + j]));
+    for (std::size_t j = 0; j < n; ++j) {
+        total += std::exp(Long(S[row + j]) - row_max);
+        mean += Long(G[row + j]) * Long(A[row + j]);
+        magnitude += std::abs(Long(G[row + j])) * Long(A[row + j]);
+    }
+    std::size_t off = 0;
+    for (std::size_t j = 0; j < n; ++j) {
+        const Long a = A[row + j], g = G[row + j], weight = std::exp(Long(S[row + j]) - row_max) / total;
+        off += !(std::abs(a - weight) <= bound * weight);
+        off += !(std::abs(Long(dS[row + j]) - a * (g - mean)) <= bound * a * (std::abs(g) + magnitude));
+    }
+    return off;
+}
+
+template <class T>
+Tensor<T> drawn(const Shape& shape, std::mt19937_64& rng) {
+    return tensor_cast<T>(testing::random_tensor(shape, rng));
+}
+
+// Softmax's rows in chunks of at least Softmax::row_grain(n) rows: 2113 rows of 31 (grain 528),
+// 521 rows of 127 (grain 129), four grains' worth or more, so 2 to 4 threads each take a chunk.
+template <class T>
+void chunked_softmax(const char* type, std::mt19937_64& rng) {
+    for (const Shape& shape : {Shape{2113, 31}, Shape{521, 127}}) {
+        const Tensor<T> S = drawn<T>(shape, rng), G = drawn<T>(shape, rng);
+        BOOST_TEST(shape.size() / shape.cols() >= 4 * Softmax::row_grain(shape.cols()));
+        matches_one_thread_and_formula<Softmax>(
+            fmt::format("{} softmax {}", type, shape.to_string()), NoSettings{}, {&S}, G,
+            [&](const Tensor<T>& A, const Tensor<T>& dS) { return softmax_last_row_off(S, G, A, dS); });
+    }
+}
+
+// Scale and mask, elementwise in chunks of at least elementwise_grain (65 536) elements: 521·509
+// and 3·263·337 elements, odd, four grains' worth and more. Each is exact (one product, or a
+// copy), so its last row must equal its formula computed here; the mask is one 263×337 matrix
+// over a batch of 3, so its walk restarts inside a chunk.
+template <class T>
+void chunked_scale_and_mask(const char* type, std::mt19937_64& rng) {
+    const Shape wide{521, 509}, batch{3, 263, 337};
+    BOOST_TEST(wide.size() >= 4 * elementwise_grain);
+    BOOST_TEST(batch.size() >= 4 * elementwise_grain);
+    const Tensor<T> X = drawn<T>(wide, rng), G = drawn<T>(wide, rng);
+    const Tensor<T> S = drawn<T>(batch, rng), H = drawn<T>(batch, rng);
+    Tensor<T> M(Shape{263, 337});
+    std::bernoulli_distribution visible(0.7);
+    for (T& x : M.data()) x = visible(rng) ? T(1) : T(0);
+    const T c = T(0.3), hidden = -std::numeric_limits<T>::infinity();
+    const auto scale_off = [&](const Tensor<T>& Y, const Tensor<T>& dX) {
+        std::size_t off = 0;
+        for (std::size_t k = X.size() - X.cols(); k < X.size(); ++k)
+            off += !(Y[k] == T(c * X[k])) + !(dX[k] == T(c * G[k]));
+        return off;
+    };
+    const auto mask_off = [&](const Tensor<T>& Y, const Tensor<T>& dS) {
+        std::size_t off = 0;
+        for (std::size_t k = S.size() - S.cols(), j = M.size() - M.cols(); k < S.size(); ++k, ++j) {
+            const bool shown = M[j] != T(0);
+            off += !(Y[k] == (shown ? S[k] : hidden)) + !(dS[k] == (shown ? H[k] : T(0)));
+        }
+        return off;
+    };
+    matches_one_thread_and_formula<Scale>(fmt::format("{} scale", type), Scale::Settings<T>{c}, {&X}, G, scale_off);
+    matches_one_thread_and_formula<Mask>(fmt::format("{} mask", type), NoSettings{}, {&S, &M}, H, mask_off);
+}
+
+}  // namespace
+
+// The ops whose loops go through parallel_chunks, at odd and prime sizes that are split over 2 to
+// 4 threads: the single thread's result bit for bit, the last row included and true to the formula.
+BOOST_AUTO_TEST_CASE(chunked_ops_at_odd_sizes_match_one_thread_and_their_formula) {
+    std::mt19937_64 rng(29);
+    chunked_softmax<double>("double", rng);
+    chunked_softmax<float>("float", rng);
+    chunked_scale_and_mask<double>("double", rng);
+    chunked_scale_and_mask<float>("float", rng);
+}
+
+namespace {
+
+// The tape's NaN scan (Tape::check_no_nan) over n elements, chunked over the threads from
+// 2·elementwise_grain numbers on: a NaN only in the last element of a leaf, of an op's output, of
+// an op's VJP contribution and of backward's upstream gradient is refused with value_error, named
+// with its index (docs/design.md, "No NaN leaks out").
+template <class T>
+void nan_in_the_last_element_is_refused(std::size_t n, unsigned threads) {
+    const ThreadsSetting setting(threads);
+    const Tensor<T> ones(Shape{n}, T(1));
+    Tensor<T> with_nan = ones, with_inf = ones, with_zero = ones;
+    with_nan[n - 1] = nan_of<T>;
+    with_inf[n - 1] = std::numeric_limits<T>::infinity();
+    with_zero[n - 1] = T(0);
+    const auto refusal = [](const auto& record) {
+        return testing::message_of<value_error>([&] {
+            Tape<T> tape;
+            record(tape);
+        });
+    };
+    const std::string at = " at index " + index_string(Shape{n}, n - 1);
+    const std::array<std::pair<std::string, std::string>, 4> cases{{
+        {refusal([&](Tape<T>& tape) { tape.leaf(with_nan, "x"); }), "leaf: NaN in x" + at},
+        {refusal([&](Tape<T>& tape) { mul(tape.leaf(with_inf), tape.leaf(with_zero)); }),  // ∞·0
+         "mul: NaN in its output" + at},
+        {refusal([&](Tape<T>& tape) { tape.backward(mul(tape.leaf(with_inf), tape.leaf(ones)), with_zero); }),
+         "mul: NaN in the gradient of its input 1" + at},  // dY = G·X = 0·∞
+        {refusal([&](Tape<T>& tape) { tape.backward(scale(tape.leaf(ones), T(2)), with_nan); }),
+         "backward: NaN in the upstream gradient" + at},
+    }};
+    for (const auto& [message, expected] : cases) {
+        BOOST_TEST(message.find(expected) != std::string::npos,
+                   "n=" << n << ", " << threads << " threads: " << message);
+    }
+}
+
+}  // namespace
+
+// Sizes prime and past two grains (131 101: two chunks; 196 613: three; 262 147: four), on 1 to 4
+// threads: the chunk holding the last element is scanned to its end.
+BOOST_AUTO_TEST_CASE(the_nan_scan_finds_a_nan_in_the_last_element_at_odd_sizes) {
+    static_assert(std::size_t{131101} >= 2 * elementwise_grain);
+    for (const std::size_t n : {std::size_t{131101}, std::size_t{196613}, std::size_t{262147}})
+        for (unsigned threads = 1; threads <= 4; ++threads) {
+            nan_in_the_last_element_is_refused<double>(n, threads);
+            nan_in_the_last_element_is_refused<float>(n, threads);
+        }
 }
