@@ -508,9 +508,9 @@ void find_contributors(const Tape<S>& tape, const Tape<W>& exact, const std::vec
                        std::span<const std::uint32_t> candidates, std::vector<LeafAudit>& leaves, EventLog& log,
                        const Progress& progress) {
     std::vector<double> best(leaves.size(), -1);
-    for (const std::uint32_t c : candidates) {
+    for (std::size_t run_number = 1; const std::uint32_t c : candidates) {
         progress(fmt::format("node {} ({}) alone in {}, run {} of {}", c, describe(tape, c).op, precision.name,
-                             &c - candidates.data() + 1, candidates.size()));
+                             run_number++, candidates.size()));
         Run<W, S> run(tape, exact, exact_index, J.index(), storage, [c](std::uint32_t i) { return i == c; });
         run.log = &log;
         run.name = fmt::format("node {} alone in {}", c, precision.name);
