@@ -88,3 +88,8 @@ write("bad_values_count_first_pass.json", "\n".join(
     [header, json.dumps(dict(X, label=7), separators=(",", ":")) + ",",
      '{"node":"leaf","label":"W_Q","values":' + json.dumps(W_Q["values"] + ["1p+0"], separators=(",", ":")) + ',"shape":[2,2]},']
     + nodes[2:] + [footer]) + "\n")
+# src/io/tape_file.cpp, the second pass: "values" that is not an array, an "op" that is not a
+# string, a shape past the element limit (refused with the shape's own message).
+write("bad_values_not_array.json", with_node(0, dict(X, values=5)))
+write("bad_op_not_string.json", with_node(matmul, dict(parsed[matmul], op=7)))
+write("bad_shape_too_large.json", with_node(0, dict(X, shape=[1 << 20, 1 << 20, 2])))
