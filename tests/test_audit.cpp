@@ -353,6 +353,19 @@ BOOST_AUTO_TEST_CASE(bfloat16_storage_lays_the_error_where_the_rounding_is) {
     BOOST_TEST(f16.leaves.at(0).gradient.normwise < e.normwise);
 }
 
+// Of elements equally far from their truth, the first is the one named (a leaf of two equal
+// values, each rounded alike to bfloat16: 1 + 2⁻¹⁰ to 1).
+BOOST_AUTO_TEST_CASE(of_equally_bad_elements_the_first_is_named) {
+    Tape<float> tape;
+    const Var<float> x = tape.leaf(Tensor<float>(Shape{2}, 1.0f + 0x1p-10f), "x");
+    const PrecisionAudit audit = audit_precision(tape, sum(mul(x, x)), {.storage = Storage::bfloat16});
+    const auto found = std::find_if(audit.nodes.begin(), audit.nodes.end(),
+                                    [&](const NodeAudit& n) { return n.node == x.index(); });
+    BOOST_TEST_REQUIRE((found != audit.nodes.end()));
+    BOOST_TEST(found->value.worst_element > 0.0);
+    BOOST_TEST(found->value.worst_at == "(0)");
+}
+
 // A leaf that feeds more than one op input has its gradient's error told by branch: one per edge,
 // each naming the op that uses the leaf and measured against that edge's 50-digit contribution.
 BOOST_AUTO_TEST_CASE(a_leaf_feeding_two_ops_is_audited_by_branch) {
