@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <functional>
 #include <random>
+#include <set>
 #include <string>
 
 using namespace tapegrad;
@@ -241,6 +242,9 @@ BOOST_AUTO_TEST_CASE(storage_formats_round_as_ieee_and_bfloat16) {
     BOOST_TEST(round_to(Storage::bfloat16, 1 + 3 * 0x1p-8) == 1 + 0x1p-6);
     BOOST_TEST(round_to(Storage::bfloat16, 3.0e38) == std::ldexp(226.0, 120));  // 3e38 / 2¹²⁰ = 225.7: float's range
     BOOST_TEST(std::isinf(round_to(Storage::bfloat16, 3.5e38)));
+    // bfloat16 has float's exponent range: subnormals down to 2⁻¹³³ (2⁻¹²⁶ and 7 bits below it).
+    BOOST_TEST(round_to(Storage::bfloat16, 3 * 0x1p-134) == 0x1p-132);  // 1.5 of 2⁻¹³³: a tie, to even (2)
+    BOOST_TEST(round_to(Storage::bfloat16, 0x1p-134) == 0.0);            // a tie between 0 and 2⁻¹³³: even
     // binary16: 11 bits, largest 65504, subnormals down to 2⁻²⁴.
     BOOST_TEST(round_to(Storage::float16, 65519.0) == 65504.0);
     BOOST_TEST(std::isinf(round_to(Storage::float16, 65520.0)));
@@ -250,6 +254,14 @@ BOOST_AUTO_TEST_CASE(storage_formats_round_as_ieee_and_bfloat16) {
     BOOST_TEST(round_to(Storage::float16, -(1 + 3 * 0x1p-11)) == -(1 + 0x1p-9));
     BOOST_TEST(round_to(Storage::recorded, 0.1) == 0.1);
     BOOST_TEST(std::isnan(round_to(Storage::float16, std::nan(""))));
+}
+
+// The storage formats by the names tapegrad-audit's --storage takes, and no other.
+BOOST_AUTO_TEST_CASE(storage_formats_are_found_by_name) {
+    BOOST_TEST((storage_named("recorded") == Storage::recorded));
+    BOOST_TEST((storage_named("bfloat16") == Storage::bfloat16));
+    BOOST_TEST((storage_named("float16") == Storage::float16));
+    BOOST_TEST(!storage_named("float8").has_value());
 }
 
 // Independent reference: the same float32 inputs on a Tape<double>, backward, and the float tape's
@@ -333,6 +345,7 @@ BOOST_AUTO_TEST_CASE(bfloat16_storage_lays_the_error_where_the_rounding_is) {
     BOOST_TEST(e.normwise <= 0x1p-8);
     BOOST_TEST(e.worst_element <= 0x1p-8);
     BOOST_TEST(e.ulps <= 0.5);  // rounding to nearest: at most half a unit in the last place
+    BOOST_TEST(e.ulps > 0.25);  // and of 64 roundings the largest is near that half, in bfloat16's units
     const LeafAudit& leaf = bf16.leaves.at(0);
     BOOST_TEST((leaf.top_contributor == C.index() || leaf.top_contributor == C.index() + 1));  // C or the mul
     BOOST_TEST(leaf.top_contributor_share == 1.0, boost::test_tools::tolerance(1e-9));
@@ -410,6 +423,41 @@ BOOST_AUTO_TEST_CASE(the_top_contributor_is_the_node_that_moves_the_gradient_mos
     BOOST_TEST(parsed["leaves"][0]["top_contributor"].get<std::uint32_t>() == inner.index());
 }
 
+// Of elements equally far from their truth, the first is the one named (a leaf of two equal
+// values, each rounded alike to bfloat16: 1 + 2⁻¹⁰ to 1).
+BOOST_AUTO_TEST_CASE(of_equally_bad_elements_the_first_is_named) {
+    Tape<float> tape;
+    const Var<float> x = tape.leaf(Tensor<float>(Shape{2}, 1.0f + 0x1p-10f), "x");
+    const PrecisionAudit audit = audit_precision(tape, sum(mul(x, x)), {.storage = Storage::bfloat16});
+    const auto found = std::find_if(audit.nodes.begin(), audit.nodes.end(),
+                                    [&](const NodeAudit& n) { return n.node == x.index(); });
+    BOOST_TEST_REQUIRE((found != audit.nodes.end()));
+    BOOST_TEST(found->value.worst_element > 0.0);
+    BOOST_TEST(found->value.worst_at == "(0)");
+}
+
+// A leaf that feeds more than one op input has its gradient's error told by branch: one per edge,
+// each naming the op that uses the leaf and measured against that edge's 50-digit contribution.
+BOOST_AUTO_TEST_CASE(a_leaf_feeding_two_ops_is_audited_by_branch) {
+    std::mt19937_64 rng(23);
+    Tape<float> tape;
+    const auto x = tape.leaf(float_tensor(Shape{4, 4}, rng, -1, 1), "x");
+    const auto C = tape.constant(float_tensor(Shape{4, 4}, rng, 0.5, 1.5), "C");
+    const Var<float> a = mul(x, C);
+    const Var<float> b = exp(x);
+    const PrecisionAudit audit = audit_precision(tape, sum(add(a, b)), {.storage = Storage::bfloat16});
+    const LeafAudit& leaf = audit.leaves.at(0);
+    BOOST_TEST_REQUIRE(leaf.branches.size() == 2u);
+    const std::set<std::uint32_t> consumers{leaf.branches[0].consumer, leaf.branches[1].consumer};
+    BOOST_TEST((consumers == std::set<std::uint32_t>{a.index(), b.index()}));
+    for (const BranchAudit& branch : leaf.branches) {
+        BOOST_TEST(branch.slot == 0u);
+        BOOST_TEST(branch.op == (branch.consumer == a.index() ? "mul" : "exp"));
+        BOOST_TEST(branch.error.measured);
+        BOOST_TEST(branch.error.normwise > 0.0);  // bfloat16 storage: each edge's contribution rounded
+    }
+}
+
 // A double tape is audited against the same 50-digit truth: the held-out graph loses a few of
 // double's digits at most (each leaf's gradient below 1e-13 relative: 2⁻⁵³ ≈ 1.1e-16 times a
 // condition of at most 10³ on these well-scaled inputs), and the ranking holds its nodes.
@@ -464,6 +512,7 @@ BOOST_AUTO_TEST_CASE(table_json_and_dot) {
     const nlohmann::json json = nlohmann::json::parse(audit.json());
     BOOST_TEST(json.at("nodes").size() == audit.nodes.size());
     BOOST_TEST(json.at("nodes").at(0).at("op") == "exp");
+    BOOST_TEST(json.at("nodes").at(0).at("rank") == 1);  // ranks count from 1, as the table's do
     BOOST_TEST(json.at("nodes").at(0).at("local_forward").at("finite") == false);
     BOOST_TEST(json.at("nodes").at(0).at("local_forward").at("normwise").is_null());
     BOOST_TEST(json.at("leaves").at(0).at("name") == "A");
@@ -472,6 +521,7 @@ BOOST_AUTO_TEST_CASE(table_json_and_dot) {
     std::size_t filled = 0;
     for (std::size_t at = dot.find("fillcolor"); at != std::string::npos; at = dot.find("fillcolor", at + 1)) ++filled;
     BOOST_TEST(filled == audit.nodes.size());
+    BOOST_TEST(dot.find(fmt::format("  n{} -> n{};\n", A.index(), A.index() + 1)) != std::string::npos, dot);  // A into exp
 }
 
 // The four ways 16-bit storage drives a value out of what an op accepts or out of the format, each
@@ -575,6 +625,16 @@ BOOST_AUTO_TEST_CASE(random_rounding_estimates_the_error_to_one_digit) {
         }
     }
     Tape<float> tape;
-    const Var<float> J = sum(tape.leaf(Tensor<float>(Shape{2}, 1.0f)));
+    const Var<float> x = tape.leaf(Tensor<float>(Shape{2}, 1.0f), "x");
+    const Var<float> J = sum(x);
     BOOST_CHECK_THROW(estimate_precision(tape, J, {.runs = 1}), value_error);
+    const std::string not_a_loss = testing::message_of<shape_error>([&] { (void)estimate_precision(tape, mul(x, x)); });
+    BOOST_TEST(not_a_loss.find("estimate_precision: J must hold one element") != std::string::npos, not_a_loss);
+    // A leaf whose gradient is exactly 0 in every run has no spread: 0 and no digits lost, not 0/0.
+    const Var<float> z = tape.leaf(Tensor<float>(Shape{2}, 3.0f), "z");
+    const PrecisionEstimate zero = estimate_precision(tape, add(J, sum(mul(z, tape.constant(Tensor<float>(Shape{2}, 0.0f))))));
+    BOOST_TEST_REQUIRE(zero.leaves.size() == 2u);
+    BOOST_TEST(zero.leaves[1].name == "z");
+    BOOST_TEST(zero.leaves[1].normwise == 0.0);
+    BOOST_TEST(zero.leaves[1].digits_lost == 0.0);
 }

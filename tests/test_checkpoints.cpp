@@ -18,6 +18,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 using namespace tapegrad;
@@ -157,6 +158,53 @@ BOOST_AUTO_TEST_CASE(the_three_checkpoints_are_distinguishable) {
     BOOST_TEST(!(fixture.parameters_at.at(partial_steps) == fixture.parameters_at.at(saving_steps)));
 }
 
+// What a checkpoint holds beside the files, and what load refuses: the manifest names every
+// parameter with its shape; a checkpoint of another model size, or of another scalar type than
+// the run's, and a manifest without one of its fields, are refused by name (a resume never
+// converts or guesses).
+BOOST_AUTO_TEST_CASE(the_manifest_names_every_parameter_and_load_refuses_what_does_not_match) {
+    const Fixture fixture;
+    const fs::path saved = fixture.source(current_steps);
+    const TransformerConfig config = small_charlm().model(fixture.corpus.alphabet.size());
+    const std::vector<std::string> names = parameter_names(config);
+    const std::vector<Shape> shapes = parameter_shapes(config);
+    std::ifstream manifest(saved / "manifest.txt");
+    std::vector<std::string> parameter_lines;
+    for (std::string line; std::getline(manifest, line);) {
+        if (line.starts_with("parameter ")) parameter_lines.push_back(line);
+    }
+    BOOST_TEST_REQUIRE(parameter_lines.size() == names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        BOOST_TEST(parameter_lines[i] == fmt::format("parameter {} {}", names[i], shapes[i].to_string()));
+    }
+
+    CharLmSettings wider = small_charlm();
+    wider.width = 32;
+    CharLmTrainer other_size(wider, fixture.corpus);
+    const std::string size_refusal = testing::message_of<value_error>([&] { other_size.load(saved); });
+    BOOST_TEST(size_refusal.find("is for another model or corpus") != std::string::npos, size_refusal);
+
+    BasicCharLmTrainer<float> single(small_charlm(), fixture.corpus);
+    const std::string dtype_refusal = testing::message_of<value_error>([&] { single.load(saved); });
+    BOOST_TEST(dtype_refusal.find("holds float64 parameters and moments, this run trains in float32: resume it with "
+                                  "--dtype float64") != std::string::npos, dtype_refusal);
+
+    const fs::path damaged = fixture.root / "damaged";
+    fs::remove_all(damaged);
+    fs::copy(saved, damaged);
+    std::string text;
+    {
+        std::ifstream in(saved / "manifest.txt");
+        for (std::string line; std::getline(in, line);) {
+            if (!line.starts_with("heads ")) text += line + "\n";
+        }
+    }
+    std::ofstream(damaged / "manifest.txt") << text;
+    CharLmTrainer resumed(small_charlm(), fixture.corpus);
+    const std::string lacking = testing::message_of<io_error>([&] { resumed.load(damaged); });
+    BOOST_TEST(lacking.find("checkpoint manifest lacks 'heads'") != std::string::npos, lacking);
+}
+
 // Every layout: the newest complete checkpoint is found and loaded (its steps and its parameters),
 // or, with none complete, a clear io_error.
 BOOST_AUTO_TEST_CASE(recovery_takes_the_newest_complete_checkpoint_of_every_layout) {
@@ -225,6 +273,11 @@ BOOST_AUTO_TEST_CASE(a_save_killed_in_its_files_keeps_the_newest_complete_checkp
         BOOST_TEST_CONTEXT(layout.text()) {
             fixture.lay_out(layout);
             BOOST_REQUIRE(save_killed_at(fixture.trainer, fixture.checkpoint(), "files"));
+            // The hook's "files" point: half of the 16 parameters' files written (each parameter
+            // and its two moments), and no manifest.
+            const auto written = std::distance(fs::directory_iterator(fixture.with_suffix(".partial")), fs::directory_iterator());
+            BOOST_TEST(written == 3 * 16 / 2);
+            BOOST_TEST(!fs::exists(fixture.with_suffix(".partial") / "manifest.txt"));
             const std::optional<std::size_t> newest = layout.newest_complete();
             if (!newest) {
                 expect_refused(fixture);

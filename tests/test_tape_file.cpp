@@ -5,7 +5,9 @@
 // change (a loader that dropped or mixed up a setting fails here).
 // Every file of the malformed corpus (tests/data/tape_files/bad_*.json) is refused with an
 // io_error naming the file, the node and the fault, and leaves the tape empty; a tape of a user's
-// op cannot be saved, and a save that fails leaves no file behind.
+// op cannot be saved, and a save that fails leaves no file behind. parse_tape_scalar validates the
+// values as the scalar the file names (what the tools pick the tape's type by); an unlabelled node
+// is written without a label.
 #define BOOST_TEST_MODULE tape_file
 #include "support.hpp"
 
@@ -301,6 +303,25 @@ BOOST_AUTO_TEST_CASE(a_float_tape_round_trips_and_loads_only_as_float) {
     BOOST_TEST(wrong.size() == 0u);
 }
 
+// parse_tape_scalar (and tape_file_scalar, which reads a file through it: what tapegrad-check and
+// tapegrad-audit choose the tape's type by) reads the values as the scalar the file names, wherever
+// "scalar" stands among the root's keys (here first, before "format"): a float32 file whose value
+// overflows float is refused, as loading it into a Tape<float> refuses it, not passed as valid
+// because the value would fit a double.
+BOOST_AUTO_TEST_CASE(the_scalar_named_anywhere_in_the_root_is_the_type_the_values_are_validated_as) {
+    const auto document = [](std::string_view value) {
+        return fmt::format(R"({{"scalar": "float32", "format": "tapegrad-tape", "version": 1, "output": 0, "nodes": [
+{{"node":"leaf","label":"x","shape":[1],"values":["{}"]}}]}}
+)", value);
+    };
+    BOOST_TEST((parse_tape_scalar(document("1p+0"), "one") == TapeFileScalar::float32));
+    expect_refusal<io_error>([&] { (void)parse_tape_scalar(document("1p+200"), "large"); },
+                             "large: node 0 (leaf): value 0 \"1p+200\" is not a float32 in hexadecimal floating-point text");
+    Tape<float> tape;
+    expect_refusal<io_error>([&] { (void)parse_tape(document("1p+200"), "large", tape); },
+                             "value 0 \"1p+200\" is not a float32");
+}
+
 // Each file of the corpus, and the fault its message must name (the file's name is in every one).
 BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_and_the_fault) {
     const std::map<std::string, std::string> faults{
@@ -344,6 +365,13 @@ BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_an
         {"bad_value_nested.json", "node 0 (leaf): nested deeper than the format's 6 levels"},
         {"bad_too_many_keys.json", "node 0 (leaf): an object with more than 16 keys"},
         {"bad_long_shape.json", "node 0 (leaf): \"shape\" has more than 64 elements"},
+        // Found by mutation testing (make_corpus.py says which mutant each one kills).
+        {"bad_output_node_like.json", "\"output\" is not a non-negative integer"},
+        {"bad_values_too_many_rank4.json", "node 0 (leaf): shape [1x1x3x2] holds 6 values, \"values\" has more"},
+        {"bad_values_count_first_pass.json", "node 1 (leaf): shape [2x2] holds 4 values, \"values\" has 5"},
+        {"bad_values_not_array.json", "node 0 (leaf): \"values\" is not an array"},
+        {"bad_op_not_string.json", "node 4 (op ): \"op\" is not a string"},
+        {"bad_shape_too_large.json", "node 0 (leaf): Shape: [1048576x1048576x2] elements exceed the limit of 1099511627776"},
     };
     std::size_t files = 0;
     for (const fs::directory_entry& entry : fs::directory_iterator(corpus)) {
@@ -363,6 +391,20 @@ BOOST_AUTO_TEST_CASE(every_malformed_file_is_refused_naming_the_file_the_node_an
     Tape<double> tape;
     const Var<double> J = load_tape(corpus / "spec.json", tape);
     BOOST_TEST(check_gradients(tape, J).passed);
+}
+
+// The format's "label" is optional, and the writer leaves it out where a node has none (leaf,
+// constant and op alike); a labelled node keeps its label.
+BOOST_AUTO_TEST_CASE(an_unlabelled_node_is_saved_without_a_label_key) {
+    Tape<double> tape;
+    const Var<double> X = tape.leaf(Tensor<double>({2}, 1.0));
+    const Var<double> C = tape.constant(Tensor<double>({2}, 2.0));
+    const Var<double> J = sum(X * C);
+    const std::string text = tape_file_text(tape, J);
+    BOOST_TEST(text.find("\"label\"") == std::string::npos, text);
+    Tape<double> labelled;
+    const Var<double> Y = labelled.leaf(Tensor<double>({2}, 1.0), "Y");
+    BOOST_TEST(tape_file_text(labelled, sum(Y * Y)).find("\"label\":\"Y\"") != std::string::npos);
 }
 
 BOOST_AUTO_TEST_CASE(a_missing_file_and_a_tape_that_is_not_empty_are_refused) {

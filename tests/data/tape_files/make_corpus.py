@@ -73,3 +73,23 @@ write("bad_value_not_string.json", with_node(0, dict(X, values=[1] + X["values"]
 write("bad_value_nested.json", with_node(0, dict(X, values=[[[["1p+0"]]]] + X["values"][1:])))
 write("bad_too_many_keys.json", with_node(0, dict(X, **{"k%d" % k: k for k in range(13)})))
 write("bad_long_shape.json", with_node(0, dict(X, shape=[1] * 65)))
+
+# Found by mutation testing (scripts/mutate; docs/development.md, "Mutation testing"): each file
+# kills a mutant the files above let live.
+# src/io/tape_document.cpp, the first pass: an object shaped like a node under another root key is
+# not a node (that key's own fault is named); every dimension of a rank-4 shape is kept, so the
+# value beyond it is refused there; a "values" array that does not fill its shape is refused by the
+# first pass, before the second builds anything (here node 1's, although node 0 has a fault only
+# the second pass sees).
+write("bad_output_node_like.json", text.replace('"output": %d' % (len(nodes) - 1), '"output": [{"inputs": %s}]' % json.dumps([0] * 65)))
+write("bad_values_too_many_rank4.json", with_node(0, dict(X, shape=[1, 1, 3, 2], values=X["values"] + ["1p+0"])))
+W_Q = parsed[1]
+write("bad_values_count_first_pass.json", "\n".join(
+    [header, json.dumps(dict(X, label=7), separators=(",", ":")) + ",",
+     '{"node":"leaf","label":"W_Q","values":' + json.dumps(W_Q["values"] + ["1p+0"], separators=(",", ":")) + ',"shape":[2,2]},']
+    + nodes[2:] + [footer]) + "\n")
+# src/io/tape_file.cpp, the second pass: "values" that is not an array, an "op" that is not a
+# string, a shape past the element limit (refused with the shape's own message).
+write("bad_values_not_array.json", with_node(0, dict(X, values=5)))
+write("bad_op_not_string.json", with_node(matmul, dict(parsed[matmul], op=7)))
+write("bad_shape_too_large.json", with_node(0, dict(X, shape=[1 << 20, 1 << 20, 2])))
