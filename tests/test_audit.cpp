@@ -130,7 +130,27 @@ struct ExpSavedOneTypeSmaller : Exp {
     }
 };
 
-const bool faults_registered = register_siblings<LayerNormNaiveVariance>() &&
+// Y = 2A whose VJP refuses in float only, as a VJP dividing by a value float rounds to 0 would:
+// its forward passes, so only the audit's backward stages meet the refusal.
+struct DoubleWhoseVjpRefusesInFloat {
+    static constexpr std::string_view name = "double whose VJP refuses in float";
+    using Settings = NoSettings;
+    template <Scalar T>
+    static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
+        const Tensor<T>& A = *in[0];
+        Y.resize(A.shape());
+        for (std::size_t k = 0; k < A.size(); ++k) Y[k] = T(2) * A[k];
+    }
+    // dA = 2G, refused in float
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        if constexpr (std::is_same_v<T, float>) throw value_error("double whose VJP refuses in float: refused");
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = T(2) * at.G[k];
+    }
+};
+
+const bool faults_registered = register_siblings<DoubleWhoseVjpRefusesInFloat>() &&
+                               register_siblings<LayerNormNaiveVariance>() &&
                                register_siblings<SoftmaxWithoutShift>() && register_siblings<LogSumExpWithoutShift>() &&
                                register_siblings<SigmoidFromOutput>() && register_siblings<ExpSavedOneTypeSmaller>();
 
@@ -566,6 +586,27 @@ std::vector<BrokenBy16Bits> broken_by_16_bits() {
          },
          "sub", "value at (0, 0) is NaN", "float16"},
     };
+}
+
+// A VJP that refuses in the tape's precision after its forward passed: noted in the float32 run and
+// in the node-alone stage, and the node's local VJP error is lost (inf or NaN), not measured from
+// whatever the refused VJP left in its gradient buffers; the leaf's gradient is lost likewise.
+BOOST_AUTO_TEST_CASE(a_vjp_refusing_in_low_precision_is_noted_and_its_gradient_lost) {
+    BOOST_TEST(faults_registered);
+    Tape<float> tape;
+    const auto x = tape.leaf(Tensor<float>::matrix({{0.5f, -1.5f}, {2.0f, 0.25f}}), "x");
+    const Var<float> Y = tape.record<DoubleWhoseVjpRefusesInFloat>({x});
+    const PrecisionAudit audit = audit_precision(tape, sum(mul(Y, Y)));
+    BOOST_TEST_MESSAGE(audit.table());
+    const auto node = std::find_if(audit.nodes.begin(), audit.nodes.end(),
+                                   [&](const NodeAudit& n) { return n.node == Y.index(); });
+    BOOST_TEST_REQUIRE((node != audit.nodes.end()));
+    BOOST_TEST(node->local_vjp.measured);
+    BOOST_TEST(!node->local_vjp.finite);
+    BOOST_TEST(!audit.leaves.at(0).gradient.finite);
+    std::size_t noted = 0;
+    for (const AuditEvent& e : audit.events) noted += e.node == Y.index() && e.what.find("refused") != std::string::npos;
+    BOOST_TEST(noted >= 1u, audit.table());
 }
 
 BOOST_AUTO_TEST_CASE(what_16_bit_storage_breaks_is_reported_and_the_audit_goes_on) {
