@@ -264,4 +264,13 @@ inline constexpr OpKind<T> op_kind_of{
     detail::branch_of<Op, T>(),
 };
 
+/// A list of op structs, as a type: the library's is `LibraryOps` (ops/all.hpp), from which the
+/// re-run registry, the tape file and the tests' coverage checks are made.
+template <class... Ops>
+struct OpList {
+    static constexpr std::size_t size = sizeof...(Ops);
+    /// Each op's name (`Op::name`), in the list's order.
+    static constexpr std::array<std::string_view, sizeof...(Ops)> names{Ops::name...};
+};
+
 }  // namespace tapegrad

@@ -8,7 +8,7 @@
 /// A parallel_for started from inside another one's item runs its items on the calling thread:
 /// the outer loop already occupies the cores, and nesting would only oversubscribe them.
 ///
-/// The threads are a pool inside the compiled library (src/parallel.cpp): created at the first
+/// The threads are a pool inside the compiled library (src/autodiff/parallel.cpp): created at the first
 /// call that needs them, grown when a call asks for more, and between calls watching for the next
 /// one for 50 µs, then asleep: a call costs a wake-up at most rather than a thread start, and idle
 /// workers take no core from other processes or tapes for longer than that. Several user threads

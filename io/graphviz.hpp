@@ -6,15 +6,19 @@
 ///     std::ofstream("attention.dot") << to_dot(tape);      // then: dot -Tsvg attention.dot
 ///
 /// Written only from the tape's public description (Tape::size, Tape::info), so it shows what the
-/// tape recorded, not what a model meant to record.
+/// tape recorded, not what a model meant to record; `dot_graph` is the writer, shared with the
+/// precision audit's picture.
 #pragma once
 
 #include "autodiff/tape.hpp"
 
 #include <fmt/core.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tapegrad {
 
@@ -37,10 +41,38 @@ inline std::string dot_escape(std::string_view text) {
     return escaped;
 }
 
+/// One node of a picture: its index (`n<index>` in the DOT text), its label, its DOT attributes
+/// (shape, fill) and the indices of the nodes it reads, by input slot.
+struct DotNode {
+    std::size_t index;
+    std::string label;
+    std::string style;
+    std::vector<std::uint32_t> inputs;
+};
+
+/// The one DOT writer: `nodes` in order, each with its edges from its inputs (numbered by slot
+/// when it has several). `graph_attributes` go after the header, one per line (as `label="..."`);
+/// `node_defaults` are the attributes every node starts from. The audit's picture
+/// (check/audit.hpp) styles each node by its error through it.
+inline std::string dot_graph(std::string_view graph_name, const std::vector<DotNode>& nodes,
+                             std::string_view node_defaults = "fontname=\"Helvetica\"",
+                             const std::vector<std::string>& graph_attributes = {}) {
+    std::string dot = fmt::format("digraph \"{}\" {{\n  rankdir=TB;\n  node [{}];\n", dot_escape(graph_name),
+                                  node_defaults);
+    for (const std::string& attribute : graph_attributes) dot += fmt::format("  {};\n", attribute);
+    for (const DotNode& node : nodes) {
+        dot += fmt::format("  n{} [label=\"{}\", {}];\n", node.index, dot_escape(node.label), node.style);
+        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) {
+            dot += fmt::format("  n{} -> n{}", node.inputs[slot], node.index);
+            dot += node.inputs.size() > 1 ? fmt::format(" [label=\"{}\"];\n", slot) : std::string(";\n");
+        }
+    }
+    return dot + "}\n";
+}
+
 template <Scalar T>
 std::string to_dot(const Tape<T>& tape, const DotOptions& options = {}) {
-    std::string dot = fmt::format("digraph \"{}\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\"];\n",
-                                  dot_escape(options.graph_name));
+    std::vector<DotNode> nodes;
     for (std::size_t i = 0; i < tape.size(); ++i) {
         const NodeInfo node = tape.info(i);
         const bool is_leaf = node.op == "leaf";
@@ -52,13 +84,9 @@ std::string to_dot(const Tape<T>& tape, const DotOptions& options = {}) {
         const std::string_view style = !is_leaf                ? "shape=ellipse"
                                        : node.requires_grad ? "shape=box, style=filled, fillcolor=lightblue"
                                                             : "shape=box, style=dashed";
-        dot += fmt::format("  n{} [label=\"{}\", {}];\n", i, dot_escape(label), style);
-        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) {
-            dot += fmt::format("  n{} -> n{}", node.inputs[slot], i);
-            dot += node.inputs.size() > 1 ? fmt::format(" [label=\"{}\"];\n", slot) : std::string(";\n");
-        }
+        nodes.push_back({i, std::move(label), std::string(style), {node.inputs.begin(), node.inputs.end()}});
     }
-    return dot + "}\n";
+    return dot_graph(options.graph_name, nodes);
 }
 
 }  // namespace tapegrad

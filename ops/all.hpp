@@ -1,5 +1,5 @@
 /// \file
-/// Every op header: the one list of them. tapegrad.hpp includes it for users; `src/instances/<type>.cpp`
+/// Every op header, and the one list of the library's op structs (LibraryOps). tapegrad.hpp includes it for users; `src/instances/<type>.cpp`
 /// include it with TAPEGRAD_INSTANTIATE_FOR defined, so each header's instance list
 /// (autodiff/instances.hpp) compiles its entry points for that type. (operators.hpp forwards to
 /// add, sub, mul, div, neg, shift and scale, and has no instances of its own.)
@@ -46,3 +46,16 @@
 #include "ops/sum_axis.hpp"
 #include "ops/tanh.hpp"
 #include "ops/transpose.hpp"
+
+namespace tapegrad {
+
+/// The library's ops: every op struct of the headers above, once. The re-run registry
+/// (src/instances/siblings.cpp), the saved-tape format (src/io/tape_file.cpp: an op here without its
+/// file entry does not compile) and the tests' coverage checks (tests/support.hpp's
+/// library_op_names) are made from it, so a new op struct goes here and nowhere else of those.
+using LibraryOps =
+    OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
+           LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
+           Reshape, Scale, Shift, Sigmoid, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum, SumAxis, Tanh, Transpose>;
+
+}  // namespace tapegrad

@@ -4,7 +4,7 @@
 #   ops/ only autodiff/ and ops/;  models/ only autodiff/, io/ (checkpoints), ops/ and models/ (never check/);
 #   src/cpu/ (the compiled kernels, whose tables serve autodiff/cpu.hpp and ops/fast/kernels.hpp) only
 #   autodiff/, ops/ and src/cpu/.
-# The other compiled sources follow the rule of the area whose headers they implement: src/parallel.cpp
+# The other compiled sources follow the rule of the area whose headers they implement: src/autodiff/
 # autodiff's, src/check/ check's, src/io/ io's and its own private headers (src/io/tape_document.hpp,
 # never installed); src/io/tape_file.cpp, the loader of saved tapes, also ops/: it records each loaded
 # node through its op's public function;
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 allowed() {  # allowed FOLDER -> regex of the folders its project includes may name
   case "$1" in
-    autodiff | src/parallel.cpp) echo '^autodiff/' ;;
+    autodiff | src/autodiff) echo '^autodiff/' ;;
     io) echo '^(autodiff|io)/' ;;
     src/io) echo '^(autodiff|io|src/io)/' ;;
     check | src/check) echo '^(autodiff|io|check)/' ;;
@@ -25,7 +25,7 @@ allowed() {  # allowed FOLDER -> regex of the folders its project includes may n
   esac
 }
 broken=0
-for folder in autodiff io check ops models src/cpu src/parallel.cpp src/check src/io src/instances; do
+for folder in autodiff io check ops models src/cpu src/autodiff src/check src/io src/instances; do
   rule="$(allowed "$folder")"
   while IFS= read -r line; do
     file="${line%%:*}"

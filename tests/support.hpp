@@ -179,7 +179,8 @@ inline void check_op_table(const std::vector<OpCase>& table, std::uint64_t seed,
 
 // Every op struct of the library on one tape (inputs away from every kink, seeded), J its scalar
 // output: what the re-run (test_rerun) and the saved tapes (test_tape_file) are proven on. Its op
-// names are library_op_names(), the library's op list (src/instances/siblings.cpp, src/io/tape_file.cpp).
+// names must be library_op_names(), the library's op list (LibraryOps, ops/all.hpp): test_rerun
+// names an op missing here.
 inline Var<double> every_op_graph(Tape<double>& tape, std::uint64_t seed = 17) {
     std::mt19937_64 rng(seed);
     const auto positive = [&](const Shape& shape) {  // in [0.2, 1.2): away from 0, the kinks and the clamp bounds
@@ -227,11 +228,20 @@ struct SmallTransformer {
     std::vector<std::size_t> tokens{1, 4, 0, 5}, targets{4, 0, 5, 2};
 };
 
+// The names of the library's op structs (LibraryOps, ops/all.hpp) and "leaf": what a graph of every
+// op records.
 inline std::set<std::string> library_op_names() {
-    return {"leaf", "abs", "add", "clamp", "concat", "cross_entropy", "div", "dropout", "embedding", "exp",
-            "fused_attention", "gelu", "layer_norm", "log", "log_softmax", "logsumexp", "mask", "matmul", "max", "mean",
-            "merge_heads", "mul", "neg", "permute", "pow", "reciprocal", "relu", "reshape", "scale", "shift", "sigmoid",
-            "slice", "softmax", "split_heads", "sqrt", "sub", "sum", "sum_axis", "tanh", "transpose"};
+    std::set<std::string> names{"leaf"};
+    for (const std::string_view name : LibraryOps::names) names.emplace(name);
+    return names;
+}
+
+// "abs, exp" for the names of `expected` missing from `found`: what a coverage check names.
+inline std::string missing_names(const std::set<std::string>& expected, const std::set<std::string>& found) {
+    std::string missing;
+    for (const std::string& name : expected)
+        if (!found.contains(name)) missing += (missing.empty() ? "" : ", ") + name;
+    return missing;
 }
 
 }  // namespace tapegrad::testing

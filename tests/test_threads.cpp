@@ -1,4 +1,4 @@
-// The thread pool behind parallel_for (autodiff/parallel.hpp, src/parallel.cpp): workers are
+// The thread pool behind parallel_for (autodiff/parallel.hpp, src/autodiff/parallel.cpp): workers are
 // reused across calls (a variant that starts threads per call is rejected by the same check),
 // the first exception reaches the caller and stops the hand-out, nested calls run inline, the
 // threads setting is obeyed, several user threads may call parallel_for at once, the fused op's

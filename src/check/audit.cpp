@@ -2,12 +2,12 @@
 // stages: the tape re-run at 50 digits (the truth: values and adjoints); the low-precision run (the
 // recorded ops in the recorded precision, values and gradients kept in the storage format); each
 // node evaluated alone in low precision on exact inputs (its local error); and, for the leaves'
-// largest contributors, runs with one node in low precision and every other one exact.
+// largest contributors, runs with one node in low precision and every other one exact. The
+// computation only: its table, JSON and picture are src/check/audit_report.cpp.
 #include "check/audit.hpp"
 
 #include "autodiff/mp50.hpp"
 #include "autodiff/rerun.hpp"
-#include "io/graphviz.hpp"
 
 #include <fmt/format.h>
 
@@ -714,157 +714,7 @@ PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateO
     return result;
 }
 
-// A number for the table: "inf" where not finite.
-std::string number(double x, std::string_view format = "{:.2g}") {
-    return std::isfinite(x) ? fmt::format(fmt::runtime(format), x) : std::string("inf");
-}
-
-std::string json_number(double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : std::string("null"); }
-
-std::string json_string(std::string_view text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        if (c == '"' || c == '\\') out += '\\';
-        if (static_cast<unsigned char>(c) < 0x20) {
-            out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-            continue;
-        }
-        out += c;
-    }
-    return out + "\"";
-}
-
-std::string json_error(const AuditError& e) {
-    if (!e.measured) return "null";
-    return fmt::format(
-        "{{\"normwise\": {}, \"worst_element\": {}, \"worst_at\": {}, \"ulps\": {}, \"in_u\": {}, "
-        "\"digits_lost\": {}, \"finite\": {}}}",
-        json_number(e.normwise), json_number(e.worst_element), json_string(e.worst_at), json_number(e.ulps),
-        json_number(e.in_u), json_number(e.digits_lost), e.finite);
-}
-
-std::string digits(const AuditError& e) { return e.measured ? fmt::format("{:.1f}", e.digits_lost) : std::string("-"); }
-
-std::string in_u(const AuditError& e) { return e.measured ? number(e.in_u, "{:.2g}") : std::string("-"); }
-
 }  // namespace
-
-const NodeAudit& PrecisionAudit::worst() const {
-    if (nodes.empty()) throw usage_error("PrecisionAudit::worst: the audit holds no node");
-    return nodes.front();
-}
-
-std::string PrecisionAudit::table(std::size_t rows) const {
-    std::string text = fmt::format("precision audit, {} (u = {:.3g}), {} nodes, {:.2f} s\n", precision, unit_roundoff,
-                                   nodes.size(), seconds);
-    text +=
-        "ranked by the node's own error (local: the node alone on exact inputs and gradient); errors in units of u\n";
-    text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7} {:>9} {:>9} {:>9} {:>9}\n", "rank", "node", "op",
-                        "label", "shape", "digits", "local f", "local b", "value", "adjoint");
-    for (std::size_t r = 0; r < std::min(rows, nodes.size()); ++r) {
-        const NodeAudit& n = nodes[r];
-        text += fmt::format("{:>5} {:>6}  {:<14} {:<14} {:<14} {:>7.1f} {:>9} {:>9} {:>9} {:>9}{}\n", r + 1, n.node,
-                            n.op, n.label, n.shape, n.local_digits, in_u(n.local_forward), in_u(n.local_vjp),
-                            in_u(n.value), in_u(n.adjoint),
-                            n.value.finite && n.local_forward.finite && n.local_vjp.finite ? "" : "  (inf/NaN)");
-    }
-    if (!events.empty()) {
-        text += fmt::format("what the low precision made that an op refused, or that became inf or NaN ({}):\n",
-                            events.size());
-        for (const AuditEvent& e : events) text += fmt::format("  node {} ({}), in {}: {}\n", e.node, e.op, e.run, e.what);
-    }
-    text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
-    for (const LeafAudit& leaf : leaves) {
-        const std::string top =
-            leaf.top_contributor_op.empty() ? std::string("none (no node loses a digit)")
-            : std::isfinite(leaf.top_contributor_share)
-                ? fmt::format("node {} ({}), {:.0f}% alone", leaf.top_contributor, leaf.top_contributor_op,
-                              100 * leaf.top_contributor_share)
-                : fmt::format("node {} ({}), alone it makes the gradient inf or NaN", leaf.top_contributor,
-                              leaf.top_contributor_op);
-        text += fmt::format("  {:<18} {:>9} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
-                            number(leaf.gradient.normwise), number(leaf.gradient.worst_element), leaf.gradient.worst_at,
-                            number(leaf.gradient.ulps, "{:.3g}"), digits(leaf.gradient), top);
-        for (const BranchAudit& b : leaf.branches) {
-            text += fmt::format("      branch via node {} ({}, input {}): normwise {}, {} digits\n", b.consumer, b.op,
-                                b.slot, number(b.error.normwise), digits(b.error));
-        }
-    }
-    return text;
-}
-
-std::string PrecisionAudit::json() const {
-    std::string text = fmt::format("{{\"precision\": {}, \"unit_roundoff\": {}, \"seconds\": {},\n \"nodes\": [",
-                                   json_string(precision), json_number(unit_roundoff), json_number(seconds));
-    for (std::size_t r = 0; r < nodes.size(); ++r) {
-        const NodeAudit& n = nodes[r];
-        text += fmt::format(
-            "{}\n  {{\"rank\": {}, \"node\": {}, \"op\": {}, \"label\": {}, \"shape\": {}, "
-            "\"local_digits\": {}, \"local_in_u\": {}, \"local_forward\": {}, \"local_vjp\": {}, \"value\": {}, "
-            "\"adjoint\": {}}}",
-            r == 0 ? "" : ",", r + 1, n.node, json_string(n.op), json_string(n.label), json_string(n.shape),
-            json_number(n.local_digits), json_number(n.local_in_u), json_error(n.local_forward),
-            json_error(n.local_vjp), json_error(n.value), json_error(n.adjoint));
-    }
-    text += "],\n \"events\": [";
-    for (std::size_t k = 0; k < events.size(); ++k) {
-        const AuditEvent& e = events[k];
-        text += fmt::format("{}\n  {{\"node\": {}, \"op\": {}, \"run\": {}, \"what\": {}}}", k == 0 ? "" : ",", e.node,
-                            json_string(e.op), json_string(e.run), json_string(e.what));
-    }
-    text += "],\n \"leaves\": [";
-    for (std::size_t l = 0; l < leaves.size(); ++l) {
-        const LeafAudit& leaf = leaves[l];
-        std::string branches;
-        for (const BranchAudit& b : leaf.branches) {
-            branches +=
-                fmt::format("{}{{\"consumer\": {}, \"slot\": {}, \"op\": {}, \"error\": {}}}",
-                            branches.empty() ? "" : ", ", b.consumer, b.slot, json_string(b.op), json_error(b.error));
-        }
-        text += fmt::format(
-            "{}\n  {{\"node\": {}, \"name\": {}, \"gradient\": {}, \"top_contributor\": {}, "
-            "\"top_contributor_op\": {}, \"top_contributor_share\": {}, \"branches\": [{}]}}",
-            l == 0 ? "" : ",", leaf.node, json_string(leaf.name), json_error(leaf.gradient), leaf.top_contributor,
-            json_string(leaf.top_contributor_op), json_number(leaf.top_contributor_share), branches);
-    }
-    return text + "]}\n";
-}
-
-std::string PrecisionAudit::dot() const {
-    std::map<std::uint32_t, const NodeAudit*> by_index;
-    for (const NodeAudit& n : nodes) by_index[n.node] = &n;
-    const double most = std::log10(1 / unit_roundoff);
-    std::string text = fmt::format(
-        "digraph \"precision audit\" {{\n  rankdir=TB;\n  node [fontname=\"Helvetica\", "
-        "style=filled];\n  label=\"{}: local digits lost, white none, red all\";\n",
-        precision);
-    for (const auto& [i, n] : by_index) {
-        // White to red as the share of the digits lost grows: green and blue fall together.
-        const int shade = static_cast<int>(std::lround(255 * (1 - std::clamp(n->local_digits / most, 0.0, 1.0))));
-        std::string label = n->op;
-        if (!n->label.empty()) label += " " + n->label;
-        label += fmt::format("\n{}\n{:.1f} digits", n->shape, n->local_digits);
-        text += fmt::format("  n{} [label=\"{}\", shape={}, fillcolor=\"#ff{:02x}{:02x}\"];\n", i, dot_escape(label),
-                            n->op == "leaf" || n->op == "constant" ? "box" : "ellipse", shade, shade);
-        const std::vector<std::uint32_t>& in = inputs[i];
-        for (std::size_t slot = 0; slot < in.size(); ++slot) {
-            text += fmt::format("  n{} -> n{}{};\n", in[slot], i,
-                                in.size() > 1 ? fmt::format(" [label=\"{}\"]", slot) : "");
-        }
-    }
-    return text + "}\n";
-}
-
-std::string PrecisionEstimate::table() const {
-    std::string text =
-        fmt::format("precision estimate, {} (u = {:.3g}), random rounding at each node, {} runs, {:.2f} s\n", precision,
-                    unit_roundoff, runs, seconds);
-    for (const LeafEstimate& leaf : leaves) {
-        text += fmt::format("  {:<18} normwise spread {:>9}  {:.1f} digits lost\n", leaf.name, number(leaf.normwise),
-                            leaf.digits_lost);
-    }
-    return text;
-}
 
 PrecisionEstimate estimate_precision(const Tape<float>& tape, const Var<float>& J, const EstimateOptions& options) {
     return estimate(tape, J, options);

@@ -1,7 +1,7 @@
 // The registry of ops' siblings (autodiff/rerun.hpp), compiled once in the library, and the
 // library's own ops in it: every op struct of ops/, so that a tape recorded from library ops
-// re-runs at double, mp50 and their duals with nothing registered by the program. A new op struct
-// goes in library_ops below (tests/test_rerun.cpp re-runs a graph of every op).
+// re-runs at double, mp50 and their duals with nothing registered by the program: every struct of
+// LibraryOps (ops/all.hpp; tests/test_rerun.cpp re-runs a graph of every op).
 #include "autodiff/rerun.hpp"
 #include "ops/all.hpp"
 
@@ -13,17 +13,9 @@ namespace tapegrad::detail {
 
 namespace {
 
-template <class... Ops>
-struct OpList {};
-
-using library_ops =
-    OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
-           LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
-           Reshape, Scale, Shift, Sigmoid, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum, SumAxis, Tanh, Transpose>;
-
 class Registry {
 public:
-    Registry() { add_all(library_ops{}); }
+    Registry() { add_all(LibraryOps{}); }
 
     void add(const std::type_info& op, const OpSiblings& siblings) {
         const std::lock_guard lock(mutex_);

@@ -1,9 +1,9 @@
 // Saved tapes (io/tape_file.hpp), compiled once in the library: the document written and read
 // with nlohmann/json (Debian's nlohmann-json3-dev: a well-kept parser with exact error positions,
 // rather than one written here), each library op's settings by field name, and its re-recording
-// through the op's public function (the op's own checks, as for a program). A new op struct needs
-// its FileOp below; tests/test_tape_file.cpp saves and loads a graph of every op, so one missing
-// fails there.
+// through the op's public function (the op's own checks, as for a program). Every op of LibraryOps
+// (ops/all.hpp) has its entry, made from its FileOp below: an op listed there without a FileOp does
+// not compile.
 #include "io/tape_file.hpp"
 
 #include "ops/all.hpp"
@@ -320,19 +320,15 @@ struct FileEntry {
 
 template <class Op, Scalar T>
 FileEntry<T> entry_of() {
+    static_assert(requires { FileOp<Op>::min_inputs; },
+                  "an op of LibraryOps (ops/all.hpp) has no FileOp above: its inputs, settings' fields and public "
+                  "function");
     using S = SettingsOf<Op, T>;
     return {Op::name, &typeid(Op), FileOp<Op>::min_inputs, FileOp<Op>::max_inputs,
             [](const SettingsSlot& slot) { return encode<Op>(slot.get<S>()); },
             [](const Json& settings, const Where& where, SettingsSlot& into) { into.store(decode<Op, S>(settings, where)); },
             [](const SettingsSlot& slot, std::span<const Var<T>> in) -> Var<T> { return FileOp<Op>::record(slot.get<S>(), in); }};
 }
-
-template <class... Ops>
-struct OpList {};
-using file_ops = OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu,
-                        LayerNorm, Log, LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute,
-                        Pow, Reciprocal, Relu, Reshape, Scale, Shift, Sigmoid, Slice, Softmax, SplitHeads, Sqrt, Sub,
-                        Sum, SumAxis, Tanh, Transpose>;
 
 template <Scalar T, class... Ops>
 std::vector<FileEntry<T>> entries_of(OpList<Ops...>) {
@@ -341,7 +337,7 @@ std::vector<FileEntry<T>> entries_of(OpList<Ops...>) {
 
 template <Scalar T>
 const std::vector<FileEntry<T>>& entries() {
-    static const std::vector<FileEntry<T>> all = entries_of<T>(file_ops{});
+    static const std::vector<FileEntry<T>> all = entries_of<T>(LibraryOps{});
     return all;
 }
 
