@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <concepts>
@@ -360,14 +361,23 @@ inline std::map<std::string, std::string> read_manifest(const std::filesystem::p
 /// with `TAPEGRAD_CHARLM_TEST_PAUSE=<steps>:<point>` in the environment, the save of the checkpoint
 /// after `<steps>` steps stops at `<point>`, "files" (half of the files written into DIR.partial) or
 /// "renamed" (DIR renamed to DIR.previous, DIR.partial not yet renamed to DIR), announces it on
-/// standard error (`charlm test pause: <point> at step <steps>`) and sleeps 20 s, then goes on (so a
-/// test that dies first leaves no process asleep for ever). Unset, a save costs one getenv.
+/// standard error (`charlm test pause: <point> at step <steps>`) and sleeps 20 s, or the
+/// milliseconds of a third field (`<steps>:<point>:<ms>`: tests/test_checkpoints.cpp removes
+/// DIR.partial meanwhile to make the second rename fail), then goes on (so a test that dies first
+/// leaves no process asleep for ever). Unset, a save costs one getenv.
 inline void test_pause(std::string_view point, std::size_t steps) {
     const char* setting = std::getenv("TAPEGRAD_CHARLM_TEST_PAUSE");
-    if (setting == nullptr || std::string_view(setting) != fmt::format("{}:{}", steps, point)) return;
+    const std::string ours = fmt::format("{}:{}", steps, point);
+    if (setting == nullptr || !std::string_view(setting).starts_with(ours)) return;
+    const std::string_view rest = std::string_view(setting).substr(ours.size());
+    unsigned milliseconds = 20000;
+    if (!rest.empty()) {  // ":<ms>", or another point whose name begins with this one's
+        const char* last = rest.data() + rest.size();
+        if (rest[0] != ':' || std::from_chars(rest.data() + 1, last, milliseconds).ptr != last) return;
+    }
     fmt::print(stderr, "charlm test pause: {} at step {}\n", point, steps);
     std::fflush(stderr);
-    std::this_thread::sleep_for(std::chrono::seconds(20));
+    std::this_thread::sleep_for(std::chrono::milliseconds(milliseconds));
 }
 
 inline bool complete(const std::filesystem::path& directory) {

@@ -7,7 +7,8 @@
 // find_checkpoint and load take the newest complete one, or refuse by name when none is complete;
 // and a save of step 4 killed (SIGKILL, through the save's test pause hook, in a forked child)
 // half way through its files leaves the newest complete checkpoint of the layout findable, killed
-// between its two renames leaves step 4 findable, and run to its end leaves step 4 in DIR alone.
+// between its two renames leaves step 4 findable, and run to its end leaves step 4 in DIR alone;
+// a save whose second rename fails puts DIR.previous back as DIR.
 #define BOOST_TEST_MODULE checkpoints
 #include "support.hpp"
 #include "models/charlm.hpp"
@@ -228,9 +229,16 @@ BOOST_AUTO_TEST_CASE(recovery_takes_the_newest_complete_checkpoint_of_every_layo
 
 namespace {
 
+struct PausedSave {
+    bool paused;  // the child announced the pause
+    int status;   // its wait status
+};
+
 // Runs trainer.save(directory) in a forked child with the save's test pause at `point` ("files" or
-// "renamed") and SIGKILLs the child when it announces the pause. False if it never paused.
-bool save_killed_at(const CharLmTrainer& trainer, const fs::path& directory, const std::string& point) {
+// "renamed") for `milliseconds`, calls at_pause(child) when it announces the pause, and waits for it.
+template <class AtPause>
+PausedSave save_paused(const CharLmTrainer& trainer, const fs::path& directory, const std::string& point,
+                       unsigned milliseconds, AtPause at_pause) {
     int pipe_ends[2];
     BOOST_REQUIRE(::pipe(pipe_ends) == 0);
     const pid_t child = ::fork();
@@ -238,7 +246,8 @@ bool save_killed_at(const CharLmTrainer& trainer, const fs::path& directory, con
     if (child == 0) {
         ::dup2(pipe_ends[1], STDERR_FILENO);
         ::close(pipe_ends[0]);
-        ::setenv("TAPEGRAD_CHARLM_TEST_PAUSE", fmt::format("{}:{}", trainer.steps_done(), point).c_str(), 1);
+        const std::string setting = fmt::format("{}:{}:{}", trainer.steps_done(), point, milliseconds);
+        ::setenv("TAPEGRAD_CHARLM_TEST_PAUSE", setting.c_str(), 1);
         try {
             trainer.save(directory);
         } catch (...) {
@@ -255,11 +264,16 @@ bool save_killed_at(const CharLmTrainer& trainer, const fs::path& directory, con
         said.append(buffer, static_cast<std::size_t>(count));
     }
     const bool paused = said.find(fmt::format("charlm test pause: {} at step", point)) != std::string::npos;
-    ::kill(child, SIGKILL);
+    if (paused) at_pause(child);
     int status = 0;
     ::waitpid(child, &status, 0);
     ::close(pipe_ends[0]);
-    return paused;
+    return {paused, status};
+}
+
+// The save SIGKILLed at its pause. False if it never paused.
+bool save_killed_at(const CharLmTrainer& trainer, const fs::path& directory, const std::string& point) {
+    return save_paused(trainer, directory, point, 20000, [](pid_t child) { ::kill(child, SIGKILL); }).paused;
 }
 
 }  // namespace
@@ -286,6 +300,24 @@ BOOST_AUTO_TEST_CASE(a_save_killed_in_its_files_keeps_the_newest_complete_checkp
             BOOST_TEST(steps_found(fixture.checkpoint()) == *newest);
         }
     }
+}
+
+// A save whose second rename fails (DIR.partial removed while the save pauses 1 s between its
+// renames; any failure there is the same to the save) puts DIR.previous back as DIR and throws:
+// the older checkpoint is where it was, under its own name, and nothing is left beside it.
+BOOST_AUTO_TEST_CASE(a_save_failing_at_its_second_rename_puts_the_checkpoint_back) {
+    const Fixture fixture;
+    fixture.lay_out({Slot::complete, Slot::absent, Slot::absent});
+    const PausedSave save = save_paused(fixture.trainer, fixture.checkpoint(), "renamed", 1000, [&](pid_t) {
+        BOOST_TEST(!fs::exists(fixture.checkpoint()));  // DIR is DIR.previous now
+        fs::remove_all(fixture.with_suffix(".partial"));
+    });
+    BOOST_REQUIRE(save.paused);
+    BOOST_TEST((WIFEXITED(save.status) && WEXITSTATUS(save.status) == 1));  // the save threw
+    BOOST_TEST(charlm_files::complete(fixture.checkpoint()));
+    BOOST_TEST(!fs::exists(fixture.with_suffix(".previous")));
+    BOOST_TEST(!fs::exists(fixture.with_suffix(".partial")));
+    BOOST_TEST(steps_found(fixture.checkpoint()) == current_steps);
 }
 
 // Killed between the two renames (DIR gone to DIR.previous, DIR.partial complete and not yet DIR),
