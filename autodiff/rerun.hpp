@@ -6,8 +6,8 @@
 /// of mp50's cost, where it holds the exact part of each contributor run). Leaves and constants
 /// convert exactly (float and double are exact in mp50), and each op's settings convert from their
 /// recorded values (a factor 1/√d rounded to float stays that float), so the function re-run is
-/// the function the recorded tape computed, in the new arithmetic. Data-dependent choices (a max tie, a kink, a clamp bound) are
-/// taken again by the op's forward in the new precision.
+/// the function the recorded tape computed, in the new arithmetic. Data-dependent choices (a max
+/// tie, a kink, a clamp bound) are taken again by the op's forward in the new precision.
 ///
 /// An op re-runs through its siblings: the same struct's entry at each target type, one function
 /// per (recorded type, target type) that records the op with its settings converted. The

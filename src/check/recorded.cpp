@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,24 +51,33 @@ std::vector<const Tensor<T>*> inputs_of(const Tape<T>& tape, std::span<const std
     return values;
 }
 
+// The recorded tape re-run once at 50 digits, for the branch report and the float gradients' check:
+// its leaves (the recorded gradient leaves, in order), each recorded node's counterpart, its output.
+struct PreciseRerun {
+    Tape<mp50> tape;
+    std::vector<Var<mp50>> leaves, nodes;
+    Var<mp50> output;
+
+    template <Scalar S>
+    PreciseRerun(const Tape<S>& recorded, const Var<S>& J) {
+        for (const std::uint32_t i : gradient_leaves(recorded, J))
+            leaves.push_back(tape.leaf(detail::tensor_as<mp50>(recorded.recorded(i).value)));
+        output = rerun(recorded, J, std::span<const Var<mp50>>(leaves), &nodes);
+    }
+};
+
 // The nodes whose re-run at 50 digits takes another data-dependent branch than the recording
 // (the ops' branch hooks, autodiff/op.hpp), each with its first such element: its first input
 // there where the input is shaped like the output (relu, abs, clamp), else its output (max).
 template <Scalar S>
-std::vector<BranchChange> branch_changes(const Tape<S>& tape, const Var<S>& output) {
-    Tape<mp50> precise;
-    std::vector<Var<mp50>> leaves, nodes;
-    for (const std::uint32_t i : gradient_leaves(tape, output)) {
-        leaves.push_back(precise.leaf(detail::tensor_as<mp50>(tape.recorded(i).value)));
-    }
-    (void)rerun(tape, output, std::span<const Var<mp50>>(leaves), &nodes);
+std::vector<BranchChange> branch_changes(const Tape<S>& tape, const Var<S>& output, const PreciseRerun& precise) {
     std::vector<BranchChange> changes;
     for (std::uint32_t i = 0; i <= output.index(); ++i) {
         const auto node = tape.recorded(i);
         if (node.kind == nullptr || node.kind->branch == nullptr) continue;
-        const auto again = precise.recorded(nodes[i].index());
+        const auto again = precise.tape.recorded(precise.nodes[i].index());
         const std::vector<const Tensor<S>*> in = inputs_of(tape, node.inputs);
-        const std::vector<const Tensor<mp50>*> in_precise = inputs_of(precise, again.inputs);
+        const std::vector<const Tensor<mp50>*> in_precise = inputs_of(precise.tape, again.inputs);
         const bool elementwise = in[0]->shape() == node.value.shape();
         BranchChange change{i, std::string(node.kind->name), std::string(node.label), 0, node.value.size(), "", 0, 0};
         for (std::size_t k = 0; k < node.value.size(); ++k) {
@@ -85,35 +93,30 @@ std::vector<BranchChange> branch_changes(const Tape<S>& tape, const Var<S>& outp
 }
 
 // A Tape<float>'s own gradients, where backward(J) left them, against the 50-digit gradient of the
-// recorded function (the tape re-run at mp50 and back-propagated), each within 100 times its
-// random-rounding spread (check/report.hpp's FloatGradientCheck says why). The finite-difference
-// stages check the op's VJP at double and 50 digits; a fault in an op's float path only shows here.
+// recorded function (the precise re-run back-propagated), each within 100 times its random-rounding
+// spread (check/report.hpp's FloatGradientCheck says why). The finite-difference stages check the
+// op's VJP at double and 50 digits; a fault in an op's float path only shows here.
 std::vector<FloatGradientCheck> float_gradient_checks(const Tape<float>& tape, const Var<float>& J,
-                                                      const std::vector<NamedTensor>& names, std::uint64_t seed) {
+                                                      const std::vector<NamedTensor>& names, PreciseRerun& precise,
+                                                      std::uint64_t seed) {
     if (!tape.holds_gradients_of(J)) return {};
-    Tape<mp50> precise;
+    precise.tape.backward(precise.output);
     const std::vector<std::uint32_t> indices = gradient_leaves(tape, J);
-    std::vector<Var<mp50>> leaves;
-    for (const std::uint32_t i : indices)
-        leaves.push_back(precise.leaf(detail::tensor_as<mp50>(tape.recorded(i).value)));
-    precise.backward(rerun(tape, J, std::span<const Var<mp50>>(leaves)));
     const PrecisionEstimate spread = estimate_precision(tape, J, EstimateOptions{.runs = 8, .seed = seed});
-    const double u = std::ldexp(1.0, -24);
     std::vector<FloatGradientCheck> checks;
     for (std::size_t l = 0; l < indices.size(); ++l) {
         const Tensor<float>* computed = tape.recorded(indices[l]).grad;
-        const Tensor<mp50>& truth = leaves[l].grad();
+        const Tensor<mp50>& truth = precise.leaves[l].grad();
         mp50 difference2 = 0, truth2 = 0;
         for (std::size_t k = 0; k < truth.size(); ++k) {
             const mp50 d = (computed ? mp50((*computed)[k]) : mp50(0)) - truth[k];
             difference2 += d * d;
             truth2 += truth[k] * truth[k];
         }
-        FloatGradientCheck check{names[l].name, 0, spread.leaves[l].normwise, 0, true};
-        check.error = to_double(sqrt(truth2 > 0 ? difference2 / truth2 : difference2));
-        check.threshold = 100 * std::max(check.estimate, u);
-        check.passed = check.error <= check.threshold;  // false for a NaN error too
-        checks.push_back(std::move(check));
+        const double error = to_double(sqrt(truth2 > 0 ? difference2 / truth2 : difference2));
+        const double threshold = 100 * std::max(spread.leaves[l].normwise, spread.unit_roundoff);
+        // error <= threshold is false for a NaN error too
+        checks.push_back({names[l].name, error, spread.leaves[l].normwise, threshold, error <= threshold});
     }
     return checks;
 }
@@ -123,9 +126,10 @@ CheckReport check_on_tapes(const Tape<S>& tape, const Var<S>& J, const CheckOpti
     const std::vector<NamedTensor> leaves = checked_leaves(tape, J, "check_gradients");
     const detail::GraphOnTapes graph{rerun_on<double>(tape, J), rerun_on<mp50>(tape, J)};
     CheckReport report = detail::run_check(graph, leaves, options, nullptr, split);
-    report.branch_changes = branch_changes(tape, J);
+    PreciseRerun precise(tape, J);
+    report.branch_changes = branch_changes(tape, J, precise);
     if constexpr (std::is_same_v<S, float>) {
-        report.float_gradients = float_gradient_checks(tape, J, leaves, options.seed);
+        report.float_gradients = float_gradient_checks(tape, J, leaves, precise, options.seed);
         for (const FloatGradientCheck& f : report.float_gradients) report.passed = report.passed && f.passed;
     }
     return report;
