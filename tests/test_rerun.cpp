@@ -267,7 +267,15 @@ CheckReport float_cube_report(bool run_backward, bool seeded_with_one = true) {
     const Var<float> J = sum(matmul(tape.record<CubeWrongInFloat<ppm>>({X}), W));
     if (run_backward && seeded_with_one) tape.backward(J);
     if (run_backward && !seeded_with_one) tape.backward(J, Tensor<float>(J.shape(), 1.0f));
-    return check_gradients(tape, J);
+    const CheckReport report = check_gradients(tape, J);
+    // The bound is the documented one: the spread of 8 random-rounding runs at the report's seed,
+    // and 100 times the larger of it and u.
+    const PrecisionEstimate spread = estimate_precision(tape, J, {.runs = 8, .seed = report.seed});
+    for (std::size_t l = 0; l < report.float_gradients.size(); ++l) {
+        BOOST_TEST(report.float_gradients[l].estimate == spread.leaves[l].normwise);
+        BOOST_TEST(report.float_gradients[l].threshold == 100 * std::max(spread.leaves[l].normwise, 0x1p-24));
+    }
+    return report;
 }
 
 BOOST_AUTO_TEST_CASE(a_float_tapes_own_gradients_are_checked_and_a_float_only_fault_is_rejected) {
@@ -285,10 +293,21 @@ BOOST_AUTO_TEST_CASE(a_float_tapes_own_gradients_are_checked_and_a_float_only_fa
         BOOST_TEST_REQUIRE(wrong.float_gradients.size() == 2u);
         BOOST_TEST(wrong.float_gradients[0].leaf == "X");
         BOOST_TEST(!wrong.float_gradients[0].passed);
-        BOOST_TEST(wrong.float_gradients[0].error == relative, boost::test_tools::tolerance(0.01));
+        // float(1 + ppm · 1e-6) − 1 is the fault to 2e-4 of itself, the gradient's own rounding
+        // (~1e-7 of it) adds 2e-4 of 1e-4 at most: 1e-3 holds the normwise error to the fault.
+        BOOST_TEST(wrong.float_gradients[0].error == relative, boost::test_tools::tolerance(1e-3));
         BOOST_TEST(wrong.float_gradients[1].passed);
         BOOST_TEST(wrong.summary().find("float32 gradient of X") != std::string::npos);
     }
+    // A leaf whose true gradient is 0 is measured absolutely (0 here), not as 0 / 0.
+    Tape<float> tape;
+    const Var<float> Z = tape.leaf(Tensor<float>::matrix({{0.5f, -2.0f}}), "Z");
+    const Var<float> J = sum(mul(Z, tape.constant(Tensor<float>::matrix({{0.0f, 0.0f}}))));
+    tape.backward(J);
+    const CheckReport zero = check_gradients(tape, J);
+    BOOST_TEST_REQUIRE(zero.float_gradients.size() == 1u);
+    BOOST_TEST(zero.float_gradients[0].error == 0.0);
+    BOOST_TEST(zero.passed, zero.summary());
     BOOST_TEST(float_cube_report<10000>(false).float_gradients.empty());
     BOOST_TEST(float_cube_report<10000>(true, false).float_gradients.empty());
     BOOST_TEST(float_cube_report<10000>(true, false).passed);
