@@ -13,12 +13,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <functional>
 #include <random>
 #include <set>
 #include <string>
+
+#include <unistd.h>  // dup, dup2: standard error captured
 
 using namespace tapegrad;
 using tapegrad::testing::random_tensor;
@@ -357,6 +360,7 @@ BOOST_AUTO_TEST_CASE(bfloat16_storage_lays_the_error_where_the_rounding_is) {
     const Var<float> J = sum(mul(x, C));
     const PrecisionAudit recorded = audit_precision(tape, J);
     BOOST_TEST(recorded.leaves.at(0).gradient.normwise == 0.0);
+    BOOST_TEST(recorded.leaves.at(0).top_contributor_share == 0.0);  // of no error, no share (not 0 / 0)
     const PrecisionAudit bf16 = audit_precision(tape, J, {.storage = Storage::bfloat16});
     BOOST_TEST_MESSAGE(bf16.table());
     const AuditError& e = bf16.leaves.at(0).gradient;
@@ -428,6 +432,8 @@ BOOST_AUTO_TEST_CASE(the_top_contributor_is_the_node_that_moves_the_gradient_mos
     const PrecisionAudit audit = audit_precision(tape, J, {.storage = Storage::bfloat16});
     BOOST_TEST_MESSAGE(audit.table());
     BOOST_TEST((audit.worst().node == C3.index() || audit.worst().node == outer_y.index()));
+    for (const NodeAudit& n : audit.nodes)
+        if (n.node == C3.index()) BOOST_TEST(n.label == "C3");
     const LeafAudit& lx = audit.leaves.at(0);
     BOOST_TEST(lx.name == "x");
     const double whole = 1 - 1 / ((1 + 0x1p-9) * (1 + 0x1p-11));
@@ -476,6 +482,48 @@ BOOST_AUTO_TEST_CASE(a_leaf_feeding_two_ops_is_audited_by_branch) {
         BOOST_TEST(branch.error.measured);
         BOOST_TEST(branch.error.normwise > 0.0);  // bfloat16 storage: each edge's contribution rounded
     }
+}
+
+// What `run` writes to standard error (through a temporary file on descriptor 2).
+template <class Run>
+std::string stderr_of(const Run& run) {
+    std::fflush(stderr);
+    FILE* file = std::tmpfile();
+    BOOST_TEST_REQUIRE(file != nullptr);
+    const int saved = ::dup(STDERR_FILENO);
+    ::dup2(::fileno(file), STDERR_FILENO);
+    run();
+    std::fflush(stderr);
+    ::dup2(saved, STDERR_FILENO);
+    ::close(saved);
+    std::rewind(file);
+    std::string text;
+    char buffer[4096];
+    for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, n);
+    std::fclose(file);
+    return text;
+}
+
+// With progress on, a line per stage and per contributor run, numbered from 1, each with the
+// seconds since the audit began, and a last line when it is done.
+BOOST_AUTO_TEST_CASE(progress_lines_name_each_stage_and_contributor_run) {
+    std::mt19937_64 rng(47);
+    Tape<float> tape;
+    const auto x = tape.leaf(float_tensor(Shape{3, 3}, rng, -1, 1), "x");
+    const Var<float> J = sum(mul(x, tape.constant(float_tensor(Shape{3, 3}, rng, 0.5, 1.5), "C")));
+    PrecisionAudit audit;
+    const std::string lines = stderr_of([&] {
+        audit = audit_precision(tape, J, {.storage = Storage::bfloat16, .contributor_candidates = 2, .progress = true});
+    });
+    BOOST_TEST_MESSAGE(lines);
+    for (const std::string& line :
+         {std::string(" s  re-running the tape at 50 digits"), std::string(" s  the bfloat16 (computing in float32) run"),
+          std::string(" s  each node alone on exact inputs"), std::string(" s  2 runs with one node in low precision"),
+          std::string(", run 1 of 2\n"), std::string(", run 2 of 2\n"), std::string(" s  done\n")}) {
+        BOOST_TEST(lines.find(line) != std::string::npos, "'" << line << "' missing");
+    }
+    BOOST_TEST(lines.starts_with("audit_precision:      0.0 s  "));
+    BOOST_TEST(stderr_of([&] { (void)audit_precision(tape, J); }).empty());  // off by default
 }
 
 // A double tape is audited against the same 50-digit truth: the held-out graph loses a few of
