@@ -15,12 +15,16 @@
 ///       std::mt19937_64 rng(seed);
 ///       BOOST_TEST(passed(check_op([](auto x) { return my_ops::softplus(x[0]); }, rng, Shape{3, 4})));
 ///   check_op_seeded_only for an op whose output holds constant non-finite entries (a mask's −inf).
+///   A row also saves the recorded tape and loads it again (round_trips): the op's fields and
+///   record must give back the same graph, bit for bit.
 /// * The fault-control pattern: a deliberately broken variant of the op must fail where the correct
 ///   one passes, on the same leaves, so a suite proves it can fail:
 ///       BOOST_TEST(rejects(correct, broken, rng, Shape{3, 4}));
 ///
-/// A user's op struct is re-run at 50 digits and in the duals through its siblings: register them
-/// once, before the checks (autodiff/rerun.hpp): inline const bool r = register_siblings<MyOp>();
+/// A user's op struct is re-run at 50 digits and in the duals through its siblings: register the op
+/// once, before the checks (autodiff/registry.hpp: siblings, saving and loading):
+///     inline const bool r = tapegrad::register_op<MyOp>();
+/// (a deliberately broken variant, checked but never saved, needs only register_siblings<Broken>()).
 #pragma once
 
 #include "tapegrad.hpp"
@@ -30,6 +34,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 
@@ -227,10 +232,37 @@ CheckReport check_op_seeded(Op op, std::mt19937_64& rng, const std::array<Tensor
     return check_seeded_with_second_order(tape, Y, finite ? probe(Y) : Var<double>{}, values, rng);
 }
 
+/// The saved-tape column: the recorded tape up to J, saved as text and loaded again
+/// (io/tape_file.hpp), is the same graph: node for node the same op, settings, inputs, label and
+/// value, bit for bit (the loaded ops recorded again through their public functions, from the
+/// fields their structs declare). Skipped, with a message naming it, when an op of the tape is not
+/// registered for saving (a fault control registered with register_siblings alone).
+inline bool round_trips(const Tape<double>& tape, const Var<double>& J) {
+    for (std::uint32_t i = 0; i <= J.index(); ++i) {
+        const auto node = tape.recorded(i);
+        if (node.kind != nullptr && detail::find_saved_op(*node.kind->op) == nullptr) {
+            BOOST_TEST_MESSAGE("saved-tape column skipped: op '" << node.kind->name << "' is not registered for saving");
+            return true;
+        }
+    }
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(tape_file_text(tape, J), "the op table's tape", loaded);
+    bool same = J_loaded.index() == J.index();
+    for (std::uint32_t i = 0; same && i <= J.index(); ++i) {
+        const NodeInfo a = tape.info(i), b = loaded.info(i);
+        const auto& x = tape.recorded(i).value.data();
+        const auto& y = loaded.recorded(i).value.data();
+        same = a.op == b.op && a.settings == b.settings && a.label == b.label && std::ranges::equal(a.inputs, b.inputs) &&
+               x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(double)) == 0;
+        BOOST_TEST(same, "node " << i << " (" << a.op << " " << a.settings << ") differs after saving and loading");
+    }
+    return same;
+}
+
 /// Checks `op` (a generic lambda from an array of Vars to a Var) on the given leaf values, with the
 /// default (fixed) thresholds, all on the one tape it is recorded on: through the checker with the
-/// probe J = Σ Y ∘ G downstream, and by an explicit seed on the op's own output with the JVP and
-/// HVP columns. Prints the checker's report.
+/// probe J = Σ Y ∘ G downstream, by an explicit seed on the op's own output with the JVP and HVP
+/// columns, and saved and loaded again (round_trips). Prints the checker's report.
 template <std::size_t N, class Op>
 CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<double>, N>& values) {
     Tape<double> tape;
@@ -239,7 +271,7 @@ CheckReport check_op_on(Op op, std::mt19937_64& rng, const std::array<Tensor<dou
     CheckReport report = check_gradients(tape, J);
     BOOST_TEST_MESSAGE(report.summary());
     const CheckReport seeded = check_seeded_with_second_order(tape, Y, J, values, rng);
-    report.passed = report.passed && seeded.passed;
+    report.passed = report.passed && seeded.passed && round_trips(tape, J);
     report.max_error_mp = std::max(report.max_error_mp, seeded.max_error_mp);
     return report;
 }

@@ -7,7 +7,11 @@
 /// \code
 ///   struct Scale {
 ///       static constexpr std::string_view name = "scale";
+///       static constexpr Arity arity{1};
 ///       template <Scalar T> struct Settings { T c; };      // or `using Settings = NoSettings;`
+///       static constexpr auto fields(auto& s) { return std::tuple{field("c", s.c)}; }
+///       template <Scalar T>
+///       static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) { return scale(in[0], s.c); }
 ///       template <Scalar T>
 ///       static void forward(const Settings<T>& s, Inputs<T> in, Tensor<T>& out, Tensor<T>& saved);
 ///       template <Scalar T>
@@ -15,9 +19,18 @@
 ///   };
 /// \endcode
 ///
+/// The struct is the op's only declaration: everything else about it derives from these members
+/// (the re-run at other scalar types, saving and loading, pictures, the registry of autodiff/registry.hpp).
+/// * arity: how many inputs it takes (Arity{1, max_arity} for a range, as concat's); the tape
+///   refuses a record with another count, naming the op.
 /// * Settings: the op's typed settings (a factor, flags, indices), stored with the node (in a
 ///   SettingsSlot) so the forward can be replayed. Either a plain struct or a template over the scalar type (a factor
 ///   such as 1/√d must be held in the tape's own precision). No settings: `using Settings = NoSettings;`.
+/// * fields: the settings' fields by name (autodiff/settings.hpp), one generic function for const
+///   and non-const settings of every type; omitted when the op has no settings. Saving, loading,
+///   conversion to another scalar type and the settings' text all read it.
+/// * record: records the op again from its settings and inputs through its public function (so a
+///   loaded file's node passes the op's own checks, as a program's call does).
 /// * forward: writes the output (resizing `out`) and whatever the VJP needs beyond the output and
 ///   the inputs into `saved` (left empty by most ops).
 /// * vjp: writes into `din` (already shaped like input `which`) that input's contribution
@@ -45,7 +58,10 @@
 ///       takes another branch than the recording is reported node by node (check/recorded.hpp).
 #pragma once
 
+#include "autodiff/settings.hpp"
 #include "autodiff/tensor.hpp"
+
+#include <fmt/core.h>
 
 #include <any>
 #include <array>
@@ -55,6 +71,7 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <typeinfo>
@@ -76,6 +93,18 @@ struct VjpArgs {
 
 /// The settings of an op that has none.
 struct NoSettings {};
+
+/// How many inputs an op takes: exactly `min` (Arity{2}), or from `min` to `max`.
+struct Arity {
+    std::size_t min, max;
+    constexpr explicit Arity(std::size_t exactly) : min(exactly), max(exactly) {}
+    constexpr Arity(std::size_t at_least, std::size_t at_most) : min(at_least), max(at_most) {}
+    constexpr bool admits(std::size_t n) const { return n >= min && n <= max; }
+    /// "2 inputs", "1 to 8 inputs", for messages.
+    std::string text() const {
+        return min == max ? fmt::format("{} input{}", min, min == 1 ? "" : "s") : fmt::format("{} to {} inputs", min, max);
+    }
+};
 
 /// Work one op does, for cost accounting: multiply-adds of its forward and of its VJPs.
 struct OpCost {
@@ -196,6 +225,8 @@ struct OpKind {
     OpCost (*cost)(const SettingsSlot& settings, Inputs<T> in);
     /// nullptr when the op takes no data-dependent branch.
     std::uint32_t (*branch)(const SettingsSlot& settings, Inputs<T> in, std::size_t k);
+    /// The settings as text (`c=0.125`; empty for an op without settings), from the op's fields.
+    std::string (*describe)(const SettingsSlot& settings);
 };
 
 /// The branch a sign test takes (relu's and abs's): 0 below zero, 1 at zero, 2 above.
@@ -262,6 +293,9 @@ inline constexpr OpKind<T> op_kind_of{
         }
     },
     detail::branch_of<Op, T>(),
+    [](const SettingsSlot& settings) -> std::string {
+        return settings_text(settings_value_of<Op>(settings.get<SettingsOf<Op, T>>()));
+    },
 };
 
 /// A list of op structs, as a type: the library's is `LibraryOps` (ops/all.hpp), from which the

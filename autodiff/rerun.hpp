@@ -11,14 +11,18 @@
 ///
 /// An op re-runs through its siblings: the same struct's entry at each target type, one function
 /// per (recorded type, target type) that records the op with its settings converted. The
-/// library's ops have theirs compiled in the library (src/instances/siblings.cpp); a user's op
+/// library's ops have theirs compiled in the library (src/instances/registry.cpp); a user's op
 /// gets them with one line, anywhere before a re-run (a test fixture, main, or beside the op):
 ///
-///     inline const bool my_op_registered = tapegrad::register_siblings<MyOp>();
+///     inline const bool my_op_registered = tapegrad::register_op<MyOp>();   // autodiff/registry.hpp
 ///
-/// (an op whose settings are a template over the scalar type also provides
-/// `template <Scalar U, Scalar T> static Settings<U> settings_as(const Settings<T>&)`, as
-/// ops/scale.hpp does). Re-running a tape that holds an op without siblings raises usage_error
+/// which also registers its saved form; register_siblings<MyOp>() registers the siblings alone (a
+/// test's deliberately broken variant, which is checked but never saved).
+///
+/// (an op whose settings are a template over the scalar type converts them through its `fields`,
+/// autodiff/settings.hpp: each field holding the scalar is converted, the others copied;
+/// tapegrad::register_op<MyOp>() registers the siblings too, with saving and loading).
+/// Re-running a tape that holds an op without siblings raises usage_error
 /// naming the op and the type it was asked for.
 #pragma once
 
@@ -38,6 +42,7 @@
 #include <tuple>
 #include <type_traits>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 namespace tapegrad {
@@ -66,17 +71,28 @@ struct OpSiblings {
 
 namespace detail {
 
-/// The registry of siblings, by op struct (compiled in the library: src/instances/siblings.cpp,
+/// The registry of siblings, by op struct (compiled in the library: src/instances/registry.cpp,
 /// which also holds the library's ops, so they are there whenever the registry is).
 void add_siblings(const std::type_info& op, const OpSiblings& siblings);
 const OpSiblings* find_siblings(const std::type_info& op);
 
+/// Settings of op `Op` recorded at scalar type S, at type U: from the op's fields
+/// (autodiff/settings.hpp), each field that holds the scalar converted (exactly, from float or
+/// double to a finer type), every other field copied.
 template <class Op, Scalar S, Scalar U>
-SettingsOf<Op, U> settings_as(const SettingsOf<Op, S>& settings) {
+SettingsOf<Op, U> settings_as(const SettingsOf<Op, S>& from) {
     if constexpr (std::is_same_v<SettingsOf<Op, S>, SettingsOf<Op, U>>) {
-        return settings;
+        return from;
     } else {
-        return Op::template settings_as<U, S>(settings);
+        SettingsOf<Op, U> to{};
+        auto target = fields_of<Op>(to);
+        const auto source = fields_of<Op>(from);
+        static_assert(std::tuple_size_v<decltype(target)> == std::tuple_size_v<decltype(source)>,
+                      "an op's fields name the same members at every scalar type");
+        [&]<std::size_t... k>(std::index_sequence<k...>) {
+            ((std::get<k>(target).value = convert_field<U>(std::get<k>(source).value)), ...);
+        }(std::make_index_sequence<std::tuple_size_v<decltype(target)>>{});
+        return to;
     }
 }
 

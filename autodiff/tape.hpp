@@ -90,6 +90,7 @@ struct NodeInfo {
     bool requires_grad;
     OpCost cost;
     std::size_t bytes;  ///< value, saved tensors and gradient held by the node
+    std::string settings;  ///< the op's settings as text (`c=0.125`), empty for a leaf or an op without settings
 };
 
 /// Scratch space for Tape::replay; one per thread.
@@ -138,6 +139,12 @@ public:
         if (inputs.size() > max_arity) {
             throw usage_error(fmt::format("{}: {} inputs exceed the tape's maximum of {}", Op::name, inputs.size(),
                                           max_arity));
+        }
+        if constexpr (requires { Op::arity; }) {
+            if (!Op::arity.admits(inputs.size())) {
+                throw usage_error(fmt::format("{}: {} input{} given, it takes {}", Op::name, inputs.size(),
+                                              inputs.size() == 1 ? "" : "s", Op::arity.text()));
+            }
         }
         std::array<std::uint32_t, max_arity> ids{};
         bool requires_grad = false;
@@ -487,7 +494,8 @@ NodeInfo Tape<T>::info(std::size_t index) const {
                     std::span(node.inputs.data(), node.arity),
                     node.requires_grad,
                     cost,
-                    bytes};
+                    bytes,
+                    node.kind ? node.kind->describe(node.settings) : std::string()};
 }
 
 template <Scalar T>

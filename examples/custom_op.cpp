@@ -1,7 +1,8 @@
-// How a user adds an op of their own: an elementwise tanh, written in one struct (forward, VJP
-// with its formula, a public function with its shape check), then verified by the 50-digit
-// checker, alone and inside attention (as a nonlinearity on the values), and, registered with its
-// siblings (one line), on a tape recorded by ordinary code, checked as it ran. tapegrad has a tanh of
+// How a user adds an op of their own: an elementwise tanh, written in one struct (name, arity, how to
+// record it again, forward, VJP with its formula; a public function with its shape check), then
+// verified by the 50-digit checker, alone and inside attention (as a nonlinearity on the values),
+// and, registered (one line: its siblings and saved form), on a tape recorded by ordinary code,
+// checked as it ran, then saved and loaded again. tapegrad has a tanh of
 // its own (ops/tanh.hpp); this one lives in the user's namespace my_ops and is called as
 // my_ops::tanh, so the two never meet.
 #include "tapegrad.hpp"
@@ -10,6 +11,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <span>
+#include <string>
 
 namespace my_ops {
 
@@ -17,8 +20,17 @@ using namespace tapegrad;
 
 // tanh: Y = tanh(X), elementwise.
 // VJP: dX = G ∘ (1 − Y²), since d tanh(x)/dx = 1 − tanh²(x); the saved output Y is all it needs.
+template <Scalar T>
+Var<T> tanh(const Var<T>& X);
+
 struct Tanh {
-    static constexpr std::string_view name = "tanh";
+    static constexpr std::string_view name = "tanh";  // saved as "user:tanh": never the library's tanh
+    static constexpr Arity arity{1};
+    using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {  // a loaded tape's node, recorded again
+        return my_ops::tanh(in[0]);  // qualified: tapegrad::tanh is found too, by the argument's namespace
+    }
 
     template <Scalar T>
     static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
@@ -41,9 +53,10 @@ Var<T> tanh(const Var<T>& X) {
     return X.tape().template record<Tanh>({X});
 }
 
-// The op's siblings at double, 50 digits and the duals, so that a tape holding it can be re-run
-// and checked as recorded (check_gradients(tape, J); autodiff/rerun.hpp).
-inline const bool tanh_registered = register_siblings<Tanh>();
+// The op registered: its siblings at double, 50 digits and the duals, so that a tape holding it can
+// be re-run and checked as recorded (check_gradients(tape, J)), and its saved form, so that the tape
+// can be saved and loaded (autodiff/registry.hpp).
+inline const bool tanh_registered = register_op<Tanh>();
 
 }  // namespace my_ops
 
@@ -78,5 +91,12 @@ int main() {
     tape.backward(J);
     const CheckReport recorded = check_gradients(tape, J);
     fmt::print("tanh on a recorded tape: {}\n", recorded.summary());
-    return alone.passed && inside.passed && recorded.passed ? EXIT_SUCCESS : EXIT_FAILURE;
+
+    // Saved (the op as "user:tanh") and loaded again: the same J, bit for bit.
+    const std::string text = tape_file_text(tape, J);
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(text, "custom_op tape", loaded);
+    const bool round_trip = text.find("\"user:tanh\"") != std::string::npos && J_loaded.value()[0] == J.value()[0];
+    fmt::print("saved and loaded as user:tanh: {}\n", round_trip ? "same J" : "DIFFERENT");
+    return alone.passed && inside.passed && recorded.passed && round_trip ? EXIT_SUCCESS : EXIT_FAILURE;
 }

@@ -1,6 +1,6 @@
 /// \file
-/// Graph pictures: a tape exported as Graphviz DOT, one node per value (op name, label, output
-/// shape), leaves drawn as boxes (parameters filled, constants dashed), one edge per op input,
+/// Graph pictures: a tape exported as Graphviz DOT, one node per value (op name, label, the op's
+/// settings, output shape), leaves drawn as boxes (parameters filled, constants dashed), one edge per op input,
 /// from the input to the output it feeds (numbered by input slot when an op has several).
 ///
 ///     std::ofstream("attention.dot") << to_dot(tape);      // then: dot -Tsvg attention.dot
@@ -78,6 +78,7 @@ std::string to_dot(const Tape<T>& tape, const DotOptions& options = {}) {
         const bool is_leaf = node.op == "leaf";
         std::string label = is_leaf ? (node.requires_grad ? "leaf" : "constant") : std::string(node.op);
         if (!node.label.empty()) label += fmt::format(" {}", node.label);
+        if (!node.settings.empty()) label += fmt::format("\n{}", node.settings);
         label += '\n';
         label += node.shape.to_string();
         if (options.show_cost && !is_leaf) label += fmt::format("\n{} madds", node.cost.forward_madds);

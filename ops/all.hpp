@@ -49,10 +49,11 @@
 
 namespace tapegrad {
 
-/// The library's ops: every op struct of the headers above, once. The re-run registry
-/// (src/instances/siblings.cpp), the saved-tape format (src/io/tape_file.cpp: an op here without its
-/// file entry does not compile) and the tests' coverage checks (tests/support.hpp's
-/// library_op_names) are made from it, so a new op struct goes here and nowhere else of those.
+/// The library's ops: every op struct of the headers above, once. The registry of ops
+/// (src/instances/registry.cpp: each op's siblings and saved form, made from its struct; an op here
+/// without arity, record or fields does not compile) and the tests' coverage checks
+/// (tests/support.hpp's library_op_names) are made from it, so a new op struct goes here and
+/// nowhere else of those.
 using LibraryOps =
     OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
            LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,

@@ -15,8 +15,10 @@
 #include <algorithm>
 #include <array>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <string_view>
+#include <tuple>
 
 namespace tapegrad::axes {
 
@@ -92,6 +94,14 @@ struct Settings {
     std::size_t axis = 0;
     bool keepdims = false;
 };
+
+/// The fields every reduction's settings have (autodiff/settings.hpp).
+constexpr auto fields(auto& s) { return std::tuple{field("axis", s.axis), field("keepdims", s.keepdims)}; }
+
+/// A recorded axis as the public functions take it (an int); one beyond int's range is out of range anyway.
+inline int axis_argument(std::size_t axis) {
+    return axis > std::size_t(std::numeric_limits<int>::max()) ? std::numeric_limits<int>::max() : int(axis);
+}
 
 /// The public functions' argument check: X non-empty and `axis` in [−rank, rank). Returns the
 /// settings with the axis counted from the front.

@@ -22,17 +22,17 @@ namespace tapegrad {
 
 struct Clamp {
     static constexpr std::string_view name = "clamp";
+    static constexpr Arity arity{1};
 
     /// The bounds in the tape's own precision.
     template <Scalar T>
     struct Settings {
         T lo, hi;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded values, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.lo), U(s.hi)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("lo", s.lo), field("hi", s.hi)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return clamp(in[0], s.lo, s.hi);
     }
 
     template <Scalar T>

@@ -37,11 +37,17 @@ namespace tapegrad {
 
 struct Concat {
     static constexpr std::string_view name = "concat";
+    static constexpr Arity arity{1, max_arity};
 
     /// The axis, already counted from the front. The inputs' extents along it are their shapes.
     struct Settings {
         std::size_t axis;
     };
+    static constexpr auto fields(auto& s) { return std::tuple{field("axis", s.axis)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return concat(in, std::ptrdiff_t(std::min<std::size_t>(s.axis, max_rank)));
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

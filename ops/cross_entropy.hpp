@@ -28,10 +28,16 @@ namespace tapegrad {
 
 struct CrossEntropy {
     static constexpr std::string_view name = "cross_entropy";
+    static constexpr Arity arity{1};
 
     struct Settings {
         std::vector<std::size_t> targets;  ///< one class per row (checked < V when recorded)
     };
+    static constexpr auto fields(auto& s) { return std::tuple{field("targets", s.targets)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return cross_entropy(in[0], std::span(s.targets));
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& J, Tensor<T>& P) {

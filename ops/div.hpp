@@ -18,8 +18,13 @@ namespace tapegrad {
 
 struct Div {
     static constexpr std::string_view name = "div";
+    static constexpr Arity arity{2};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return div(in[0], in[1]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

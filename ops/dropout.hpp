@@ -23,17 +23,17 @@ namespace tapegrad {
 
 struct Dropout {
     static constexpr std::string_view name = "dropout";
+    static constexpr Arity arity{2};
 
     /// 1/(1−p) in the tape's own precision, so a 50-digit graph is not capped at double's 16 digits.
     template <Scalar T>
     struct Settings {
         T factor;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded value, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.factor)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("factor", s.factor)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return record_dropout(in[0], in[1], s.factor);
     }
 
     template <Scalar T>

@@ -25,11 +25,19 @@ namespace tapegrad {
 
 struct Embedding {
     static constexpr std::string_view name = "embedding";
+    static constexpr Arity arity{1};
 
     struct Settings {
         std::vector<std::size_t> indices;  ///< table rows, in output order (checked < rows when recorded)
         std::size_t sequences = 0;         ///< 0: output [n, D]; B: output [B, n/B, D]
     };
+    static constexpr auto fields(auto& s) {
+        return std::tuple{field("indices", s.indices), field("sequences", s.sequences)};
+    }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return s.sequences == 0 ? embedding(in[0], std::span(s.indices)) : embedding(in[0], std::span(s.indices), s.sequences);
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

@@ -62,10 +62,12 @@ namespace tapegrad {
 struct FusedAttentionTiles {
     std::size_t query = 128;
     std::size_t key = 128;
+    static constexpr auto fields(auto& self) { return std::tuple{field("query", self.query), field("key", self.key)}; }
 };
 
 struct FusedAttention {
     static constexpr std::string_view name = "fused_attention";
+    static constexpr Arity arity{3};
     using hooks_of = FusedAttention;  ///< the one-pass vjp_all below
 
     struct Settings {
@@ -73,6 +75,13 @@ struct FusedAttention {
         std::size_t query_offset = 0;
         FusedAttentionTiles tiles{};
     };
+    static constexpr auto fields(auto& s) {
+        return std::tuple{field("causal", s.causal), field("query_offset", s.query_offset), field("tiles", s.tiles)};
+    }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return fused_attention(in[0], in[1], in[2], s.causal, s.query_offset, s.tiles);
+    }
 
     /// O, and saved = L, the log-sum-exp of each query row's scores, shape [batch·Tq].
     template <Scalar T>

@@ -20,6 +20,10 @@
 #include "ops/checks.hpp"
 #include "ops/fast/kernels.hpp"
 
+#include <array>
+#include <span>
+#include <string_view>
+
 namespace tapegrad {
 
 enum class GeluForm {
@@ -27,12 +31,22 @@ enum class GeluForm {
     erf,   ///< the exact x·Φ(x)
 };
 
+/// The forms' names, by value (a saved tape's "form", autodiff/settings.hpp).
+inline constexpr std::array<std::string_view, 2> gelu_form_names{"tanh", "erf"};
+constexpr std::span<const std::string_view> choices(GeluForm) { return gelu_form_names; }
+
 struct Gelu {
     static constexpr std::string_view name = "gelu";
+    static constexpr Arity arity{1};
 
     struct Settings {
         GeluForm form = GeluForm::tanh;
     };
+    static constexpr auto fields(auto& s) { return std::tuple{field("form", s.form)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return gelu(in[0], s.form);
+    }
 
     /// π and √(2/π) in T's precision, computed once per type: at 50 digits an atan costs more than
     /// the rest of an element's GELU (it was most of a 50-digit replay of the char-LM's step).

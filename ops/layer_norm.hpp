@@ -28,17 +28,17 @@ struct LayerNormSettings {
 
 struct LayerNorm {
     static constexpr std::string_view name = "layer_norm";
+    static constexpr Arity arity{3};
 
     /// ε held in the tape's precision (converted exactly from the double the user gave).
     template <Scalar T>
     struct Settings {
         T epsilon;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded value, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.epsilon)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("epsilon", s.epsilon)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return layer_norm(in[0], in[1], in[2], LayerNormSettings{double(s.epsilon)});  // a float ε is exact as a double
     }
 
     /// saved = [x̂ (N·D values) | r (N values)]

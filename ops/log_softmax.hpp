@@ -54,7 +54,12 @@ LogPartition<T> log_partition(std::string_view op, const Tensor<T>& S, std::size
 
 struct LogSoftmax {
     static constexpr std::string_view name = "log_softmax";
+    static constexpr Arity arity{1};
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return log_softmax(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>& P) {

@@ -29,8 +29,14 @@ namespace tapegrad {
 
 struct LogSumExp {
     static constexpr std::string_view name = "logsumexp";
+    static constexpr Arity arity{1};
 
     using Settings = reduction::Settings;
+    static constexpr auto fields(auto& s) { return reduction::fields(s); }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return logsumexp(in[0], reduction::axis_argument(s.axis), s.keepdims);
+    }
 
     /// The lane's largest element; refuses +inf and NaN.
     template <Scalar T>

@@ -18,8 +18,13 @@ namespace tapegrad {
 
 struct Mask {
     static constexpr std::string_view name = "mask";
+    static constexpr Arity arity{2};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return mask(in[0], in[1]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

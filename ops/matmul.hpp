@@ -21,7 +21,12 @@ namespace tapegrad {
 
 struct MatMul {
     static constexpr std::string_view name = "matmul";
+    static constexpr Arity arity{2};
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return matmul(in[0], in[1]);
+    }
     using hooks_of = MatMul;  ///< declares `update` below
 
     /// A shared B folds the batch into the rows of A: one (batch·m)×k by k×n product.

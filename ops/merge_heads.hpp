@@ -13,6 +13,7 @@ namespace tapegrad {
 
 struct MergeHeads {
     static constexpr std::string_view name = "merge_heads";
+    static constexpr Arity arity{1};
 
     static Shape output_shape(const Shape& x) {
         std::vector<std::size_t> dims(x.dims().begin(), x.dims().end() - 3);
@@ -22,6 +23,10 @@ struct MergeHeads {
     }
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return merge_heads(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

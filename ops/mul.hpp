@@ -16,8 +16,13 @@ namespace tapegrad {
 
 struct Mul {
     static constexpr std::string_view name = "mul";
+    static constexpr Arity arity{2};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return mul(in[0], in[1]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

@@ -17,22 +17,52 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <initializer_list>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace tapegrad {
 
+/// Permute's axes as one settings field (autodiff/settings.hpp's proxies): the first `rank`
+/// entries of its fixed array, saved and loaded as one list.
+template <class Axes, class Rank>
+struct AxesField {
+    using field_proxy_of = Axes;
+    Axes& axes;
+    Rank& rank;
+
+    std::vector<std::size_t> value() const { return {axes.begin(), axes.begin() + std::ptrdiff_t(rank)}; }
+    void assign(const std::vector<std::size_t>& list, std::string_view name) const {
+        if (list.size() > axes.size()) {
+            throw usage_error(fmt::format("setting \"{}\" names {} axes, above the maximum rank {}", name, list.size(),
+                                          axes.size()));
+        }
+        std::copy(list.begin(), list.end(), axes.begin());
+        rank = list.size();
+    }
+};
+template <class Axes, class Rank>
+AxesField(Axes&, Rank&) -> AxesField<Axes, Rank>;
+
 struct Permute {
     static constexpr std::string_view name = "permute";
+    static constexpr Arity arity{1};
 
     /// Output axis k is input axis axes[k], for k < rank (the entries beyond rank are unused).
     struct Settings {
         std::array<std::size_t, max_rank> axes;
         std::size_t rank;
     };
+    /// The axes, written as one list of `rank` entries.
+    static constexpr auto fields(auto& s) { return std::tuple{field("axes", AxesField{s.axes, s.rank})}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return permute(in[0], std::span<const std::size_t>(s.axes.data(), s.rank));
+    }
 
     static Settings inverse(const Settings& s) {
         Settings inv{{}, s.rank};

@@ -26,6 +26,7 @@ namespace tapegrad {
 
 struct Pow {
     static constexpr std::string_view name = "pow";
+    static constexpr Arity arity{1};
 
     /// The exponent in the tape's own precision (p = 1/3 rounded to double would cap a 50-digit
     /// graph at 16 digits).
@@ -33,11 +34,10 @@ struct Pow {
     struct Settings {
         T p;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded value, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.p)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("p", s.p)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return pow(in[0], s.p);
     }
 
     template <Scalar T>

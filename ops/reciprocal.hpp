@@ -12,8 +12,13 @@ namespace tapegrad {
 
 struct Reciprocal {
     static constexpr std::string_view name = "reciprocal";
+    static constexpr Arity arity{1};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return reciprocal(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

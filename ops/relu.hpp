@@ -15,8 +15,13 @@ namespace tapegrad {
 
 struct Relu {
     static constexpr std::string_view name = "relu";
+    static constexpr Arity arity{1};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return relu(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

@@ -19,11 +19,17 @@ namespace tapegrad {
 
 struct Reshape {
     static constexpr std::string_view name = "reshape";
+    static constexpr Arity arity{1};
 
     /// The shape of the output (the input's shape is known from the input itself).
     struct Settings {
         Shape shape;
     };
+    static constexpr auto fields(auto& s) { return std::tuple{field("shape", s.shape)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return reshape(in[0], s.shape);
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

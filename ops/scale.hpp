@@ -12,6 +12,7 @@ namespace tapegrad {
 
 struct Scale {
     static constexpr std::string_view name = "scale";
+    static constexpr Arity arity{1};
 
     /// The factor in the tape's own precision (1/√d computed in double would cap a 50-digit graph
     /// at 16 digits).
@@ -19,11 +20,10 @@ struct Scale {
     struct Settings {
         T c;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded value, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.c)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("c", s.c)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return scale(in[0], s.c);
     }
 
     template <Scalar T>

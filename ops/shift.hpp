@@ -12,17 +12,17 @@ namespace tapegrad {
 
 struct Shift {
     static constexpr std::string_view name = "shift";
+    static constexpr Arity arity{1};
 
     /// The constant in the tape's own precision (a 50-digit 1/3 stays 50 digits).
     template <Scalar T>
     struct Settings {
         T c;
     };
-    /// The settings at another precision, for a re-run of a recorded tape (autodiff/rerun.hpp): the
-    /// recorded value, held exactly (float and double are exact in mp50).
-    template <Scalar U, Scalar T>
-    static Settings<U> settings_as(const Settings<T>& s) {
-        return {U(s.c)};
+    static constexpr auto fields(auto& s) { return std::tuple{field("c", s.c)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return shift(in[0], s.c);
     }
 
     template <Scalar T>

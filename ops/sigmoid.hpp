@@ -19,8 +19,13 @@ namespace tapegrad {
 
 struct Sigmoid {
     static constexpr std::string_view name = "sigmoid";
+    static constexpr Arity arity{1};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return sigmoid(in[0]);
+    }
 
     template <Scalar T>
     static T logistic(const T& a) {

@@ -28,6 +28,7 @@ namespace tapegrad {
 
 struct Slice {
     static constexpr std::string_view name = "slice";
+    static constexpr Arity arity{1};
 
     /// The axis (already counted from the front) and the range kept on it.
     struct Settings {
@@ -35,6 +36,13 @@ struct Slice {
         std::size_t begin;
         std::size_t end;
     };
+    static constexpr auto fields(auto& s) {
+        return std::tuple{field("axis", s.axis), field("begin", s.begin), field("end", s.end)};
+    }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return slice(in[0], std::ptrdiff_t(std::min<std::size_t>(s.axis, max_rank)), s.begin, s.end);
+    }
 
     static Shape output_shape(const Shape& x, const Settings& s) {
         std::array<std::size_t, max_rank> dims{};

@@ -26,7 +26,12 @@ namespace tapegrad {
 
 struct Softmax {
     static constexpr std::string_view name = "softmax";
+    static constexpr Arity arity{1};
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return softmax(in[0]);
+    }
     using hooks_of = Softmax;  ///< declares `update` below
 
     /// The largest score of row r, refusing NaN and +inf.

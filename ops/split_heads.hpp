@@ -41,6 +41,7 @@ void permute_heads(const T* source, T* target, std::size_t batch, std::size_t H,
 
 struct SplitHeads {
     static constexpr std::string_view name = "split_heads";
+    static constexpr Arity arity{1};
 
     static Shape output_shape(const Shape& x, std::size_t H) {
         std::vector<std::size_t> dims(x.dims().begin(), x.dims().end() - 2);
@@ -51,6 +52,11 @@ struct SplitHeads {
     struct Settings {
         std::size_t heads;
     };
+    static constexpr auto fields(auto& s) { return std::tuple{field("heads", s.heads)}; }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return split_heads(in[0], s.heads);
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {

@@ -16,8 +16,13 @@ namespace tapegrad {
 
 struct Sub {
     static constexpr std::string_view name = "sub";
+    static constexpr Arity arity{2};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return sub(in[0], in[1]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

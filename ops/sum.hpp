@@ -14,8 +14,13 @@ namespace tapegrad {
 
 struct Sum {
     static constexpr std::string_view name = "sum";
+    static constexpr Arity arity{1};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return sum(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

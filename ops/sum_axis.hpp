@@ -27,8 +27,14 @@ namespace tapegrad {
 
 struct SumAxis {
     static constexpr std::string_view name = "sum_axis";
+    static constexpr Arity arity{1};
 
     using Settings = reduction::Settings;
+    static constexpr auto fields(auto& s) { return reduction::fields(s); }
+    template <Scalar T>
+    static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
+        return sum(in[0], reduction::axis_argument(s.axis), s.keepdims);
+    }
 
     template <Scalar T>
     static void forward(const Settings& s, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {

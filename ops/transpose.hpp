@@ -14,8 +14,13 @@ namespace tapegrad {
 
 struct Transpose {
     static constexpr std::string_view name = "transpose";
+    static constexpr Arity arity{1};
 
     using Settings = NoSettings;
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return transpose(in[0]);
+    }
 
     template <Scalar T>
     static void swap_last_two(const Tensor<T>& x, Tensor<T>& y) {

@@ -2,17 +2,24 @@
 // the README's op tables (a row whose first cell names its function, `name(...)`, or says `(op
 // `name`)` where the function is spelt otherwise, as sum(X, axis) for sum_axis) and in
 // docs/tape-file.md's table of ops and settings (its name in backticks in a row's first cell). The
-// list is the library's own, so a new op without its rows fails here, named. Fault control: a name
-// no op has is found missing from both.
+// list is the library's own, so a new op without its rows fails here, named. And every op struct
+// declared under ops/ (a struct whose first member is its `name`) is in LibraryOps, so an op left
+// out of the list is named here too. Fault controls: a name no op has is found missing from both
+// docs, and an op struct in a header of a scratch folder is found missing from the list.
 #define BOOST_TEST_MODULE docs_cover_ops
 #include "support.hpp"
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <unistd.h>
 #include <vector>
 
 using namespace tapegrad;
@@ -48,6 +55,34 @@ bool tape_file_has_row(const std::vector<std::string>& cells, std::string_view o
     return any_cell_holds(cells, {fmt::format("`{}`", op)});
 }
 
+// The op structs the headers of `folder` declare, by name, with their files: each
+// `struct X {` whose next line is `static constexpr std::string_view name = "...";`.
+std::map<std::string, std::string> declared_ops(const std::filesystem::path& folder) {
+    static const std::regex op_struct(R"re(\nstruct \w+ \{\n +static constexpr std::string_view name = "([^"]+)";)re");
+    std::map<std::string, std::string> ops;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(folder)) {
+        if (entry.path().extension() != ".hpp") continue;
+        std::ifstream file(entry.path());
+        std::stringstream text;
+        text << file.rdbuf();
+        const std::string source = text.str();
+        for (auto m = std::sregex_iterator(source.begin(), source.end(), op_struct); m != std::sregex_iterator(); ++m) {
+            ops.emplace((*m)[1].str(), entry.path().filename().string());
+        }
+    }
+    return ops;
+}
+
+// The declared ops that LibraryOps does not list, as "name (file)".
+std::string unlisted(const std::map<std::string, std::string>& declared) {
+    std::string names;
+    for (const auto& [name, file] : declared) {
+        const bool listed = std::find(LibraryOps::names.begin(), LibraryOps::names.end(), name) != LibraryOps::names.end();
+        if (!listed) names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", name, file);
+    }
+    return names;
+}
+
 struct Docs {
     std::vector<std::string> readme = first_cells(TAPEGRAD_SOURCE_DIR "/README.md");
     std::vector<std::string> tape_file = first_cells(TAPEGRAD_SOURCE_DIR "/docs/tape-file.md");
@@ -70,4 +105,22 @@ BOOST_AUTO_TEST_CASE(an_op_without_rows_is_found_missing) {
     BOOST_TEST(!tape_file_has_row(tape_file, "no_such_op"));
     BOOST_TEST(!readme_has_row(readme, "sum_ax"));  // a prefix of a name is not the name
     BOOST_TEST(!tape_file_has_row(tape_file, "sum_ax"));
+}
+
+BOOST_AUTO_TEST_CASE(every_op_struct_under_ops_is_in_library_ops) {
+    const auto declared = declared_ops(TAPEGRAD_SOURCE_DIR "/ops");
+    BOOST_TEST(declared.size() == LibraryOps::size, "op structs under ops/ and in LibraryOps differ in number");
+    BOOST_TEST(unlisted(declared) == "", "op structs under ops/ missing from LibraryOps (ops/all.hpp)");
+}
+
+BOOST_AUTO_TEST_CASE(an_op_struct_left_out_of_library_ops_is_found) {
+    const std::filesystem::path folder = std::filesystem::temp_directory_path() / fmt::format("ops_{}", ::getpid());
+    std::filesystem::create_directories(folder);
+    std::ofstream(folder / "orphan.hpp") << "#pragma once\nstruct Orphan {\n    static constexpr std::string_view name = "
+                                            "\"orphan\";\n};\nstruct Scale {\n    static constexpr std::string_view "
+                                            "name = \"scale\";\n};\n";
+    const auto declared = declared_ops(folder);
+    std::filesystem::remove_all(folder);
+    BOOST_TEST(declared.size() == 2u);
+    BOOST_TEST(unlisted(declared) == "orphan (orphan.hpp)");
 }

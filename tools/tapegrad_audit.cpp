@@ -3,6 +3,7 @@
 // attention block at a chosen size: which node loses the digits of the gradients, ranked, with each
 // leaf's gradient error, as a table on stdout and optionally JSON and a coloured DOT picture.
 // --storage bfloat16 / float16 asks what the same graph would lose kept in 16 bits. See --help.
+#include "autodiff/registry.hpp"  // load_ops (--ops)
 #include "tapegrad_record.hpp"
 #include "tools/options.hpp"
 
@@ -15,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -31,7 +33,8 @@ ranked by the digits it loses itself: its op evaluated in the tape's precision o
 forward and VJP. Each leaf's gradient error is given with the node that contributes most to it.
 
 Graphs:
-  --tape FILE   a saved tape (tapegrad::save_tape), audited at its own precision
+  --tape FILE   a saved tape (tapegrad::save_tape), audited at its own precision; one that
+                holds a user's ops needs --ops LIBRARY (its tapegrad_register_ops registers them)
   (default)     the attention block, recorded in float32 from --seed:
                 H = layer_norm(X), O = causal attention(H W_Q, H W_K, H W_V),
                 R = X + gelu(O W_O), J = sum of each row's logsumexp(R)
@@ -49,6 +52,7 @@ struct Settings {
     std::uint64_t seed = 1;
     unsigned threads = 1;
     std::string tape, storage = "recorded", json, dot;
+    std::vector<std::string> ops;  // --ops: shared libraries of a user's ops the saved tape holds
     bool quiet = false;
 };
 
@@ -98,6 +102,10 @@ void audit_block(const Settings& s) {
 
 template <Scalar S>
 void audit_saved(const Settings& s) {
+    for (const std::string& library : s.ops) {
+        const std::vector<std::string> names = load_ops(library);
+        if (!s.quiet) fmt::print(stderr, "loaded from {}: {}\n", library, fmt::join(names, ", "));
+    }
     Tape<S> tape;
     const Var<S> J = load_tape(s.tape, tape);
     if (!s.quiet) fmt::print(stderr, "loaded {} ({} nodes)\n", s.tape, tape.size());
@@ -119,7 +127,9 @@ std::optional<Settings> parse(int argc, char** argv) {
         "json", po::value(&s.json), "write the whole audit as JSON to this file")(
         "dot", po::value(&s.dot), "write the tape's picture coloured by local error (Graphviz DOT) to this file")(
         "threads", integer(&s.threads, 0u, cli::max_threads)->default_value(s.threads), "threads (0: one per core)")(
-        "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr");
+        "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
+        "ops", po::value(&s.ops)->composing(),
+        "load a user's ops from this shared library before loading --tape (repeatable; io/tape_file.hpp, load_ops)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, options), values);
     if (values.count("help")) {
@@ -128,6 +138,7 @@ std::optional<Settings> parse(int argc, char** argv) {
     }
     po::notify(values);
     (void)storage_of(s.storage);
+    if (!s.ops.empty() && s.tape.empty()) throw po::error("--ops loads the user's ops a saved tape holds: use it with --tape");
     if (!s.tape.empty()) {
         for (const char* block_option : {"tokens", "width", "head-width", "seed"}) {
             if (!values[block_option].defaulted()) {

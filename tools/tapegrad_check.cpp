@@ -49,7 +49,8 @@ Values are drawn from --seed (uniform, weights scaled by sqrt(3/D)); the checker
 
 --tape FILE checks a saved tape instead (a Tape<double> or Tape<float> a program saved with
 tapegrad::save_tape, io/tape_file.hpp): its leaves that need a gradient are checked, J is its
-output. --save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
+output. A tape that holds a user's ops (saved as "user:<name>") needs them: --ops LIBRARY loads a
+shared library whose extern "C" tapegrad_register_ops() registers them (autodiff/registry.hpp). --save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
 
 Full mode compares every coordinate of every leaf (and every branch of a leaf with several
 consumers); fast mode compares random directions and falls back to full when one disagrees.
@@ -70,6 +71,7 @@ struct Settings {
     unsigned threads = 0;
     std::string tape;       // --tape: check this saved tape, not a model
     std::string save_tape;  // --save-tape: write the model's tape, check nothing
+    std::vector<std::string> ops;  // --ops: shared libraries of a user's ops the saved tape holds
 };
 
 // A tensor of uniform values in [−a, a), from the portable draw of models/retrieval.hpp.
@@ -189,7 +191,8 @@ std::optional<CheckReport> check_model(Processes& processes, const Settings& s, 
     return processes.check(options_of(s), s.loads, graph, leaves);
 }
 
-// --tape: the saved tape loaded (on every rank) into a tape of its scalar type and checked.
+// --tape: the user's ops loaded (--ops), then the saved tape loaded (on every rank) into a tape of
+// its scalar type and checked.
 template <Scalar S>
 CheckReport check_loaded(Processes& processes, const Settings& s) {
     Tape<S> tape;
@@ -201,6 +204,10 @@ CheckReport check_loaded(Processes& processes, const Settings& s) {
 }
 
 CheckReport check_saved_tape(Processes& processes, const Settings& s) {
+    for (const std::string& library : s.ops) {
+        const std::vector<std::string> names = load_ops(library);
+        if (processes.rank() == 0 && !s.quiet) fmt::print(stderr, "loaded from {}: {}\n", library, fmt::join(names, ", "));
+    }
     return tape_file_scalar(s.tape) == TapeFileScalar::float32 ? check_loaded<float>(processes, s)
                                                                : check_loaded<double>(processes, s);
 }
@@ -282,7 +289,9 @@ std::optional<Settings> parse(int argc, char** argv) {
         "loads", po::bool_switch(&s.loads), "each rank's share and time on stderr (with MPI)")(
         "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing")(
         "tape", po::value(&s.tape), "check this saved tape instead of a model")(
-        "save-tape", po::value(&s.save_tape), "write the model's recorded tape to this file; check nothing");
+        "save-tape", po::value(&s.save_tape), "write the model's recorded tape to this file; check nothing")(
+        "ops", po::value(&s.ops)->composing(),
+        "load a user's ops from this shared library before loading --tape (repeatable; io/tape_file.hpp, load_ops)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, options), values);
     if (values.count("help")) {
@@ -299,6 +308,7 @@ std::optional<Settings> parse(int argc, char** argv) {
         }
         return s;
     }
+    if (!s.ops.empty()) throw po::error("--ops loads the user's ops a saved tape holds: use it with --tape");
     if (!s.save_tape.empty() && s.plan) throw po::error("--plan and --save-tape: choose one");
     if (s.model != "attention" && s.model != "multihead" && s.model != "retrieval") {
         throw po::error(fmt::format("unknown --model '{}' (attention, multihead or retrieval)", s.model));

@@ -1,7 +1,8 @@
 // The Boost.Test suite of this project's op, with tapegrad's own drive (tapegrad_testing.hpp): its
 // table row (the checker through a probe, an explicit seed on its own output at 50 digits, the JVP
-// and HVP columns), a seeded check of its VJP alone on inputs where it saturates, a recorded tape
-// that uses it inside a graph, and a fault control that proves these checks can fail.
+// and HVP columns, the tape saved and loaded again), a seeded check of its VJP alone on inputs
+// where it saturates, a recorded tape that uses it inside a graph (checked, audited, saved and
+// checked again from the file), and a fault control that proves these checks can fail.
 #define BOOST_TEST_MODULE softplus
 #include <tapegrad_testing.hpp>
 
@@ -17,8 +18,9 @@ using tapegrad::testing::rejects;
 
 namespace {
 
-// The siblings: the op at 50 digits and in the duals, which the checks re-run the recorded tape in.
-const bool softplus_registered = register_siblings<my_ops::Softplus>();
+// The one registration: the op's siblings (at 50 digits and in the duals, which the checks re-run
+// the recorded tape in) and its saved form ("user:softplus" in a tape file).
+const bool softplus_registered = register_op<my_ops::Softplus>();
 
 // A broken variant, kept in this test only: the VJP forgets that σ saturates and uses e^a.
 struct SoftplusWithExpDerivative : my_ops::Softplus {
@@ -58,6 +60,25 @@ BOOST_AUTO_TEST_CASE(softplus_in_a_recorded_graph) {
     const auto W = tape.leaf(testing::random_tensor(Shape{3, 2}, rng), "W");
     const Var<double> J = sum(my_ops::softplus(matmul(X, W)));
     BOOST_TEST(passed(check_gradients(tape, J)));
+}
+
+// Saved (as "user:softplus") and loaded again: the same values, and the loaded tape passes the
+// same check; the precision audit takes the op like any other.
+BOOST_AUTO_TEST_CASE(softplus_saved_loaded_and_audited) {
+    std::mt19937_64 rng(5);
+    Tape<double> tape;
+    const auto X = tape.leaf(testing::random_tensor(Shape{4, 3}, rng), "X");
+    const auto W = tape.leaf(testing::random_tensor(Shape{3, 2}, rng), "W");
+    const Var<double> J = sum(my_ops::softplus(matmul(X, W)));
+    const std::string text = tape_file_text(tape, J);
+    BOOST_TEST(text.find("\"user:softplus\"") != std::string::npos);
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(text, "softplus tape", loaded);
+    BOOST_TEST(J_loaded.value()[0] == J.value()[0]);
+    BOOST_TEST(passed(check_gradients(loaded, J_loaded)));
+    const PrecisionAudit audit = audit_precision(loaded, J_loaded);
+    BOOST_TEST(audit.events.empty());
+    BOOST_TEST(audit.table().find("softplus") != std::string::npos);
 }
 
 // The fault control: on the same leaves the correct op passes and the broken one fails.

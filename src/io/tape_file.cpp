@@ -1,12 +1,12 @@
 // Saved tapes (io/tape_file.hpp), compiled once in the library: the document written and read
 // with nlohmann/json (Debian's nlohmann-json3-dev: a well-kept parser with exact error positions,
-// rather than one written here), each library op's settings by field name, and its re-recording
-// through the op's public function (the op's own checks, as for a program). Every op of LibraryOps
-// (ops/all.hpp) has its entry, made from its FileOp below: an op listed there without a FileOp does
-// not compile.
+// rather than one written here). Each op is saved and loaded through its registered saved form
+// (autodiff/registry.hpp, made from the op's struct: its settings by field name, its arity, and its
+// re-recording through its public function, so a loaded node passes the op's own checks as a
+// program's call does): every op of LibraryOps, and each user's op registered with register_op.
 #include "io/tape_file.hpp"
 
-#include "ops/all.hpp"
+#include "autodiff/registry.hpp"
 #include "src/io/tape_document.hpp"
 
 #include <fmt/format.h>
@@ -83,274 +83,92 @@ Shape shape_of(const Json& dims, const Where& where, std::string_view what) {
 
 Json shape_json(const Shape& shape) { return Json(std::vector<std::size_t>(shape.dims().begin(), shape.dims().end())); }
 
-// ---- settings fields, by type ----
+// ---- settings: the op's fields (autodiff/settings.hpp) as a JSON object, and back ----
 
-Json field_json(std::size_t v) { return v; }
-Json field_json(bool v) { return v; }
-Json field_json(float v) { return exact_text(v); }
-Json field_json(double v) { return exact_text(v); }
-Json field_json(GeluForm v) { return v == GeluForm::tanh ? "tanh" : "erf"; }
-Json field_json(const std::vector<std::size_t>& v) { return v; }
-Json field_json(const Shape& v) { return shape_json(v); }
-Json field_json(const FusedAttentionTiles& v) { return Json{{"query", v.query}, {"key", v.key}}; }
-
-void field_from(const Json& j, std::size_t& v, const Where& w, std::string_view name) { v = count_of(j, w, name); }
-void field_from(const Json& j, bool& v, const Where& w, std::string_view name) {
-    if (!j.is_boolean()) w.fail(fmt::format("setting \"{}\" is not true or false", name));
-    v = j.get<bool>();
-}
-void field_from(const Json& j, float& v, const Where& w, std::string_view name) { v = exact_value<float>(j, w, name); }
-void field_from(const Json& j, double& v, const Where& w, std::string_view name) { v = exact_value<double>(j, w, name); }
-void field_from(const Json& j, GeluForm& v, const Where& w, std::string_view name) {
-    if (j == "tanh") v = GeluForm::tanh;
-    else if (j == "erf") v = GeluForm::erf;
-    else w.fail(fmt::format("setting \"{}\" is not \"tanh\" or \"erf\"", name));
-}
-void field_from(const Json& j, std::vector<std::size_t>& v, const Where& w, std::string_view name) {
-    if (!j.is_array()) w.fail(fmt::format("setting \"{}\" is not an array", name));
-    v.clear();
-    for (std::size_t k = 0; k < j.size(); ++k) v.push_back(count_of(j[k], w, fmt::format("{}[{}]", name, k)));
-}
-void field_from(const Json& j, Shape& v, const Where& w, std::string_view name) { v = shape_of(j, w, name); }
-void field_from(const Json& j, FusedAttentionTiles& v, const Where& w, std::string_view name) {
-    if (!j.is_object()) w.fail(fmt::format("setting \"{}\" is not an object", name));
-    only_keys(j, {"query", "key"}, w, "tile size");
-    v.query = count_of(member(j, "query", w), w, "tiles.query");
-    v.key = count_of(member(j, "key", w), w, "tiles.key");
-}
-
-// ---- each op: its inputs, its settings' fields, and its public function ----
-
-template <std::size_t N>
-struct Fixed {
-    static constexpr std::size_t min_inputs = N, max_inputs = N;
-    static void fields(const auto&, auto&&) {}  // no settings unless the op says otherwise
-};
-struct OneAxis : Fixed<1> {  // the axis reductions (ops/axis.hpp)
-    static void fields(auto& s, auto&& field) {
-        field("axis", s.axis);
-        field("keepdims", s.keepdims);
-    }
-};
-int axis_argument(std::size_t axis) {  // the reductions take an int axis; larger is out of range anyway
-    return axis > std::size_t(std::numeric_limits<int>::max()) ? std::numeric_limits<int>::max() : int(axis);
-}
-
-template <class Op>
-struct FileOp;
-template <> struct FileOp<Abs> : Fixed<1> { static auto record(const auto&, const auto& in) { return abs(in[0]); } };
-template <> struct FileOp<Exp> : Fixed<1> { static auto record(const auto&, const auto& in) { return exp(in[0]); } };
-template <> struct FileOp<Log> : Fixed<1> { static auto record(const auto&, const auto& in) { return log(in[0]); } };
-template <> struct FileOp<Neg> : Fixed<1> { static auto record(const auto&, const auto& in) { return neg(in[0]); } };
-template <> struct FileOp<Sqrt> : Fixed<1> { static auto record(const auto&, const auto& in) { return sqrt(in[0]); } };
-template <> struct FileOp<Tanh> : Fixed<1> { static auto record(const auto&, const auto& in) { return tanh(in[0]); } };
-template <> struct FileOp<Relu> : Fixed<1> { static auto record(const auto&, const auto& in) { return relu(in[0]); } };
-template <> struct FileOp<Sigmoid> : Fixed<1> { static auto record(const auto&, const auto& in) { return sigmoid(in[0]); } };
-template <> struct FileOp<Reciprocal> : Fixed<1> { static auto record(const auto&, const auto& in) { return reciprocal(in[0]); } };
-template <> struct FileOp<Softmax> : Fixed<1> { static auto record(const auto&, const auto& in) { return softmax(in[0]); } };
-template <> struct FileOp<LogSoftmax> : Fixed<1> { static auto record(const auto&, const auto& in) { return log_softmax(in[0]); } };
-template <> struct FileOp<Sum> : Fixed<1> { static auto record(const auto&, const auto& in) { return sum(in[0]); } };
-template <> struct FileOp<Transpose> : Fixed<1> { static auto record(const auto&, const auto& in) { return transpose(in[0]); } };
-template <> struct FileOp<MergeHeads> : Fixed<1> { static auto record(const auto&, const auto& in) { return merge_heads(in[0]); } };
-template <> struct FileOp<Add> : Fixed<2> { static auto record(const auto&, const auto& in) { return add(in[0], in[1]); } };
-template <> struct FileOp<Sub> : Fixed<2> { static auto record(const auto&, const auto& in) { return sub(in[0], in[1]); } };
-template <> struct FileOp<Mul> : Fixed<2> { static auto record(const auto&, const auto& in) { return mul(in[0], in[1]); } };
-template <> struct FileOp<Div> : Fixed<2> { static auto record(const auto&, const auto& in) { return div(in[0], in[1]); } };
-template <> struct FileOp<MatMul> : Fixed<2> { static auto record(const auto&, const auto& in) { return matmul(in[0], in[1]); } };
-template <> struct FileOp<Mask> : Fixed<2> { static auto record(const auto&, const auto& in) { return mask(in[0], in[1]); } };
-
-template <> struct FileOp<Max> : OneAxis {
-    static auto record(const auto& s, const auto& in) { return max(in[0], axis_argument(s.axis), s.keepdims); }
-};
-template <> struct FileOp<Mean> : OneAxis {
-    static auto record(const auto& s, const auto& in) { return mean(in[0], axis_argument(s.axis), s.keepdims); }
-};
-template <> struct FileOp<SumAxis> : OneAxis {
-    static auto record(const auto& s, const auto& in) { return sum(in[0], axis_argument(s.axis), s.keepdims); }
-};
-template <> struct FileOp<LogSumExp> : OneAxis {
-    static auto record(const auto& s, const auto& in) { return logsumexp(in[0], axis_argument(s.axis), s.keepdims); }
-};
-template <> struct FileOp<Scale> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("c", s.c); }
-    static auto record(const auto& s, const auto& in) { return scale(in[0], s.c); }
-};
-template <> struct FileOp<Shift> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("c", s.c); }
-    static auto record(const auto& s, const auto& in) { return shift(in[0], s.c); }
-};
-template <> struct FileOp<Pow> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("p", s.p); }
-    static auto record(const auto& s, const auto& in) { return pow(in[0], s.p); }
-};
-template <> struct FileOp<Clamp> : Fixed<1> {
-    static void fields(auto& s, auto&& field) {
-        field("lo", s.lo);
-        field("hi", s.hi);
-    }
-    static auto record(const auto& s, const auto& in) { return clamp(in[0], s.lo, s.hi); }
-};
-template <> struct FileOp<Gelu> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("form", s.form); }
-    static auto record(const auto& s, const auto& in) { return gelu(in[0], s.form); }
-};
-template <> struct FileOp<LayerNorm> : Fixed<3> {
-    static void fields(auto& s, auto&& field) { field("epsilon", s.epsilon); }
-    static auto record(const auto& s, const auto& in) {  // a float epsilon is exact as the double
-        return layer_norm(in[0], in[1], in[2], LayerNormSettings{double(s.epsilon)});
-    }
-};
-template <> struct FileOp<Dropout> : Fixed<2> {
-    static void fields(auto& s, auto&& field) { field("factor", s.factor); }
-    static auto record(const auto& s, const auto& in) { return record_dropout(in[0], in[1], s.factor); }
-};
-template <> struct FileOp<Reshape> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("shape", s.shape); }
-    static auto record(const auto& s, const auto& in) { return reshape(in[0], s.shape); }
-};
-template <> struct FileOp<Slice> : Fixed<1> {
-    static void fields(auto& s, auto&& field) {
-        field("axis", s.axis);
-        field("begin", s.begin);
-        field("end", s.end);
-    }
-    static auto record(const auto& s, const auto& in) {
-        const std::size_t axis = std::min<std::size_t>(s.axis, max_rank);  // beyond any rank: refused as such
-        return slice(in[0], std::ptrdiff_t(axis), s.begin, s.end);
-    }
-};
-template <> struct FileOp<SplitHeads> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("heads", s.heads); }
-    static auto record(const auto& s, const auto& in) { return split_heads(in[0], s.heads); }
-};
-template <> struct FileOp<CrossEntropy> : Fixed<1> {
-    static void fields(auto& s, auto&& field) { field("targets", s.targets); }
-    static auto record(const auto& s, const auto& in) { return cross_entropy(in[0], std::span(s.targets)); }
-};
-template <> struct FileOp<Embedding> : Fixed<1> {
-    static void fields(auto& s, auto&& field) {
-        field("indices", s.indices);
-        field("sequences", s.sequences);
-    }
-    static auto record(const auto& s, const auto& in) {
-        return s.sequences == 0 ? embedding(in[0], std::span(s.indices)) : embedding(in[0], std::span(s.indices), s.sequences);
-    }
-};
-template <> struct FileOp<FusedAttention> : Fixed<3> {
-    static void fields(auto& s, auto&& field) {
-        field("causal", s.causal);
-        field("query_offset", s.query_offset);
-        field("tiles", s.tiles);
-    }
-    static auto record(const auto& s, const auto& in) {
-        return fused_attention(in[0], in[1], in[2], s.causal, s.query_offset, s.tiles);
-    }
-};
-template <> struct FileOp<Concat> {
-    static constexpr std::size_t min_inputs = 1, max_inputs = max_arity;
-    static void fields(auto& s, auto&& field) { field("axis", s.axis); }
-    static auto record(const auto& s, const auto& in) {
-        const std::size_t axis = std::min<std::size_t>(s.axis, max_rank);
-        return concat(in, std::ptrdiff_t(axis));
-    }
-};
-// permute's settings hold the axes in a fixed array with their count: written as one array.
-template <> struct FileOp<Permute> : Fixed<1> {
-    static Json encode(const Permute::Settings& s) {
-        return Json{{"axes", std::vector<std::size_t>(s.axes.begin(), s.axes.begin() + std::ptrdiff_t(s.rank))}};
-    }
-    static Permute::Settings decode(const Json& settings, const Where& where) {
-        only_keys(settings, {"axes"}, where, "setting");
-        std::vector<std::size_t> axes;
-        field_from(member(settings, "axes", where), axes, where, "axes");
-        if (axes.size() > max_rank) where.fail(fmt::format("setting \"axes\" names {} axes, above the maximum rank {}", axes.size(), max_rank));
-        Permute::Settings s{{}, axes.size()};
-        std::copy(axes.begin(), axes.end(), s.axes.begin());
-        return s;
-    }
-    static auto record(const auto& s, const auto& in) {
-        return permute(in[0], std::span<const std::size_t>(s.axes.data(), s.rank));
-    }
-};
-
-// Settings as a JSON object of their fields, and back (every field present, no other key).
-template <class Op, class S>
-Json encode(const S& s) {
-    if constexpr (requires { FileOp<Op>::encode(s); }) {
-        return FileOp<Op>::encode(s);
-    } else {
-        Json object = Json::object();
-        FileOp<Op>::fields(s, [&](std::string_view name, const auto& value) { object[std::string(name)] = field_json(value); });
-        return object;
-    }
-}
-
-template <class Op, class S>
-S decode(const Json& settings, const Where& where) {
-    if (!settings.is_object()) where.fail("\"settings\" is not an object");
-    if constexpr (requires { FileOp<Op>::decode(settings, where); }) {
-        return FileOp<Op>::decode(settings, where);
-    } else {
-        S s{};
-        for (const auto& item : settings.items()) {  // a misspelt setting is named as such
-            const std::string& key = item.key();
-            bool known = false;
-            FileOp<Op>::fields(s, [&](std::string_view name, auto&) { known = known || key == name; });
-            if (!known) where.fail(fmt::format("unknown setting \"{}\"", key));
+Json settings_json(const SettingsValue& value) {
+    struct ToJson {
+        Json operator()(std::size_t n) const { return n; }
+        Json operator()(bool b) const { return b; }
+        Json operator()(float x) const { return exact_text(x); }
+        Json operator()(double x) const { return exact_text(x); }
+        Json operator()(const SettingsChoice& c) const { return std::string(c.names[c.index]); }
+        Json operator()(const std::vector<std::size_t>& counts) const { return counts; }
+        Json operator()(const std::vector<SettingsEntry>& entries) const {
+            Json object = Json::object();
+            for (const SettingsEntry& e : entries) object[std::string(e.name)] = std::visit(*this, e.value);
+            return object;
         }
-        FileOp<Op>::fields(s, [&](std::string_view name, auto& value) {
-            const auto found = settings.find(name);
-            if (found == settings.end()) where.fail(fmt::format("setting \"{}\" is missing", name));
-            field_from(*found, value, where, name);
-        });
-        return s;
+    };
+    return std::visit(ToJson{}, value);
+}
+
+// The fields of `schema` (an op's default settings: the names and kinds), read from `object`:
+// every field present, no other key, each of its kind. `what` names a nested object's fields
+// ("tiles.query") in messages.
+SettingsValue entries_from(const Json& object, const std::vector<SettingsEntry>& schema, const Where& where,
+                           std::string_view unknown_what, const std::string& prefix);
+
+SettingsValue setting_from(const Json& j, const SettingsValue& schema, const Where& where, const std::string& name) {
+    switch (schema.index()) {
+    case 0: return count_of(j, where, name);
+    case 1:
+        if (!j.is_boolean()) where.fail(fmt::format("setting \"{}\" is not true or false", name));
+        return j.get<bool>();
+    case 2: return exact_value<float>(j, where, name);
+    case 3: return exact_value<double>(j, where, name);
+    case 4: {
+        const SettingsChoice& choice = std::get<SettingsChoice>(schema);
+        for (std::size_t k = 0; k < choice.names.size(); ++k) {
+            if (j == choice.names[k]) return SettingsChoice{k, choice.names};
+        }
+        std::string names;
+        for (std::size_t k = 0; k < choice.names.size(); ++k) {
+            names += fmt::format("{}\"{}\"", k == 0 ? "" : k + 1 == choice.names.size() ? " or " : ", ", choice.names[k]);
+        }
+        where.fail(fmt::format("setting \"{}\" is not {}", name, names));
+    }
+    case 5: {
+        if (!j.is_array()) where.fail(fmt::format("setting \"{}\" is not an array", name));
+        std::vector<std::size_t> counts;
+        for (std::size_t k = 0; k < j.size(); ++k) counts.push_back(count_of(j[k], where, fmt::format("{}[{}]", name, k)));
+        return counts;
+    }
+    default:
+        if (!j.is_object()) where.fail(fmt::format("setting \"{}\" is not an object", name));
+        return entries_from(j, std::get<std::vector<SettingsEntry>>(schema), where, fmt::format("field of \"{}\"", name),
+                            name + ".");
     }
 }
 
-// One op as the file sees it, at scalar type T.
-template <Scalar T>
-struct FileEntry {
-    std::string_view name;
-    const std::type_info* op;
-    std::size_t min_inputs, max_inputs;
-    Json (*encode)(const SettingsSlot& settings);
-    void (*decode)(const Json& settings, const Where& where, SettingsSlot& into);
-    Var<T> (*record)(const SettingsSlot& settings, std::span<const Var<T>> inputs);
-};
-
-template <class Op, Scalar T>
-FileEntry<T> entry_of() {
-    static_assert(requires { FileOp<Op>::min_inputs; },
-                  "an op of LibraryOps (ops/all.hpp) has no FileOp above: its inputs, settings' fields and public "
-                  "function");
-    using S = SettingsOf<Op, T>;
-    return {Op::name, &typeid(Op), FileOp<Op>::min_inputs, FileOp<Op>::max_inputs,
-            [](const SettingsSlot& slot) { return encode<Op>(slot.get<S>()); },
-            [](const Json& settings, const Where& where, SettingsSlot& into) { into.store(decode<Op, S>(settings, where)); },
-            [](const SettingsSlot& slot, std::span<const Var<T>> in) -> Var<T> { return FileOp<Op>::record(slot.get<S>(), in); }};
+SettingsValue entries_from(const Json& object, const std::vector<SettingsEntry>& schema, const Where& where,
+                           std::string_view unknown_what, const std::string& prefix) {
+    for (const auto& item : object.items()) {  // a misspelt setting is named as such
+        const auto known = std::find_if(schema.begin(), schema.end(), [&](const SettingsEntry& e) { return e.name == item.key(); });
+        if (known == schema.end()) where.fail(fmt::format("unknown {} \"{}\"", unknown_what, item.key()));
+    }
+    std::vector<SettingsEntry> entries;
+    for (const SettingsEntry& field : schema) {
+        const auto found = object.find(field.name);
+        if (found == object.end()) where.fail(fmt::format("setting \"{}{}\" is missing", prefix, field.name));
+        entries.push_back({field.name, setting_from(*found, field.value, where, prefix + std::string(field.name))});
+    }
+    return entries;
 }
 
-template <Scalar T, class... Ops>
-std::vector<FileEntry<T>> entries_of(OpList<Ops...>) {
-    return {entry_of<Ops, T>()...};
-}
-
+// A node's "settings" for op `form` (none in the file when the op has no fields), decoded into
+// `into`; a value the op's settings cannot hold (a rank above the maximum) is the file's fault.
 template <Scalar T>
-const std::vector<FileEntry<T>>& entries() {
-    static const std::vector<FileEntry<T>> all = entries_of<T>(LibraryOps{});
-    return all;
-}
-
-template <Scalar T>
-const FileEntry<T>* entry_named(std::string_view name) {
-    for (const FileEntry<T>& e : entries<T>()) if (e.name == name) return &e;
-    return nullptr;
-}
-
-template <Scalar T>
-const FileEntry<T>* entry_for(const std::type_info& op) {
-    for (const FileEntry<T>& e : entries<T>()) if (*e.op == op) return &e;
-    return nullptr;
+void decode_settings(const Json* settings, const SavedForm<T>& form, const Where& where, SettingsSlot& into) {
+    const Json none = Json::object();
+    if (settings == nullptr) settings = &none;
+    if (!settings->is_object()) where.fail("\"settings\" is not an object");
+    const SettingsValue schema = form.schema();
+    const SettingsValue value = entries_from(*settings, std::get<std::vector<SettingsEntry>>(schema), where, "setting", "");
+    try {
+        form.decode(value, into);
+    } catch (const error& e) {
+        where.fail(e.what());
+    }
 }
 
 template <Scalar T>
@@ -371,17 +189,17 @@ Json node_json(const Tape<T>& tape, std::uint32_t i) {
         j["values"] = std::move(values);
         return j;
     }
-    const FileEntry<T>* entry = entry_for<T>(*node.kind->op);
-    if (entry == nullptr) {
-        throw usage_error(fmt::format("save_tape: op '{}' (node {}) is not a library op; a saved tape holds the "
-                                      "library's ops only", node.kind->name, i));
+    const SavedOp* saved = detail::find_saved_op(*node.kind->op);
+    if (saved == nullptr) {
+        throw usage_error(fmt::format("save_tape: op '{}' (node {}) is not registered for saving: register its struct "
+                                      "with tapegrad::register_op<...>() (autodiff/registry.hpp)", node.kind->name, i));
     }
     j["node"] = "op";
-    j["op"] = std::string(entry->name);
+    j["op"] = saved->file_name;
     j["inputs"] = std::vector<std::uint32_t>(node.inputs.begin(), node.inputs.end());
     if (!node.label.empty()) j["label"] = std::string(node.label);
     j["shape"] = shape_json(node.value.shape());
-    Json settings = entry->encode(node.settings);
+    Json settings = settings_json(saved->form<T>().encode(node.settings));
     if (!settings.empty()) j["settings"] = std::move(settings);
     return j;
 }
@@ -434,7 +252,7 @@ struct ValidNode {
     bool requires_grad = false;
     Shape shape;
     Tensor<T> values;                      // leaves and constants
-    const FileEntry<T>* entry = nullptr;   // ops
+    const SavedOp* op = nullptr;           // ops
     std::vector<std::uint32_t> inputs;
     SettingsSlot settings;
 };
@@ -501,14 +319,21 @@ ValidNode<T> valid_op(const Json& j, std::size_t index, const Where& where) {
     ValidNode<T> node;
     const Json& op = member(j, "op", where);
     if (!op.is_string()) where.fail("\"op\" is not a string");
-    node.entry = entry_named<T>(op.get_ref<const std::string&>());
-    if (node.entry == nullptr) where.fail(fmt::format("op \"{}\" is not one of the library's ops", op.get_ref<const std::string&>()));
+    const std::string& name = op.get_ref<const std::string&>();
+    node.op = detail::find_saved_op(name);
+    if (node.op == nullptr) {
+        where.fail(name.starts_with(user_op_prefix)
+                       ? fmt::format("op \"{}\" is a user's op this program has not registered: register its struct "
+                                     "with tapegrad::register_op<...>() before loading (tapegrad-check and "
+                                     "tapegrad-audit: --ops LIBRARY)", name)
+                       : fmt::format("op \"{}\" is not one of the library's ops", name));
+    }
+    const Arity arity = node.op->template form<T>().arity;
     const Json& inputs = member(j, "inputs", where);
-    if (!inputs.is_array() || inputs.size() < node.entry->min_inputs || inputs.size() > node.entry->max_inputs) {
-        where.fail(node.entry->min_inputs == node.entry->max_inputs
-                       ? fmt::format("\"inputs\" is not an array of {} node indices", node.entry->min_inputs)
-                       : fmt::format("\"inputs\" is not an array of {} to {} node indices", node.entry->min_inputs,
-                                     node.entry->max_inputs));
+    if (!inputs.is_array() || !arity.admits(inputs.size())) {
+        where.fail(arity.min == arity.max ? fmt::format("\"inputs\" is not an array of {} node indices", arity.min)
+                                          : fmt::format("\"inputs\" is not an array of {} to {} node indices",
+                                                        arity.min, arity.max));
     }
     for (const Json& input : inputs) {
         const std::size_t k = count_of(input, where, "an input");
@@ -517,7 +342,7 @@ ValidNode<T> valid_op(const Json& j, std::size_t index, const Where& where) {
     }
     node.shape = shape_of(member(j, "shape", where), where, "\"shape\"");
     const auto settings = j.find("settings");
-    node.entry->decode(settings == j.end() ? Json::object() : *settings, where, node.settings);
+    decode_settings(settings == j.end() ? nullptr : &*settings, node.op->template form<T>(), where, node.settings);
     return node;
 }
 
@@ -548,13 +373,13 @@ std::vector<ValidNode<T>> valid_nodes(Document<T>& d, const Where& file) {
 // function, which checks its inputs and settings as for a program.
 template <Scalar T>
 Var<T> record_node(ValidNode<T>& node, std::span<const Var<T>> vars, const Where& where, Tape<T>& tape) {
-    if (node.entry == nullptr) return tape.leaf(std::move(node.values), node.label, node.requires_grad);
+    if (node.op == nullptr) return tape.leaf(std::move(node.values), node.label, node.requires_grad);
     std::vector<Var<T>> inputs;
     for (const std::uint32_t k : node.inputs) inputs.push_back(vars[k]);
     const std::size_t before = tape.size();
-    const Var<T> out = node.entry->record(node.settings, inputs);
+    const Var<T> out = node.op->template form<T>().record(node.settings, inputs);
     const auto recorded = tape.recorded(out.index());
-    if (tape.size() != before + 1 || recorded.kind == nullptr || *recorded.kind->op != *node.entry->op) {
+    if (tape.size() != before + 1 || recorded.kind == nullptr || *recorded.kind->op != *node.op->op) {
         where.fail("its public function recorded something else than one node of this op");
     }
     if (!(out.shape() == node.shape)) {
@@ -570,7 +395,7 @@ Var<T> record_nodes(std::vector<ValidNode<T>>& nodes, const Where& file, Tape<T>
     vars.reserve(nodes.size());
     for (std::size_t i = 0; i < nodes.size(); ++i) {
         const ValidNode<T>& node = nodes[i];
-        const Where where = file.at(i, node.entry != nullptr ? fmt::format("op {}", node.entry->name)
+        const Where where = file.at(i, node.op != nullptr ? fmt::format("op {}", node.op->file_name)
                                                               : std::string(node.requires_grad ? "leaf" : "constant"));
         try {
             vars.push_back(record_node(nodes[i], std::span<const Var<T>>(vars), where, tape));

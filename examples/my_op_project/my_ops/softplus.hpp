@@ -1,6 +1,8 @@
 // my_ops::softplus: an op of this project's own, added to tapegrad as the library adds its ops
-// (one struct: name, settings, forward, VJP; one public function that checks its argument and
-// records it). A smooth ReLU:
+// (one struct: name, arity, settings, how to record it again, forward, VJP; one public function
+// that checks its argument and records it), registered with one line (my_ops/register.cpp, or
+// tapegrad::register_op<my_ops::Softplus>() anywhere before it is checked, saved or loaded). A
+// smooth ReLU:
 //   A [...] -> Y [...],   y = log(1 + e^a) = max(a, 0) + log(1 + e^(−|a|))
 //   (the second form never overflows: e^(−|a|) ≤ 1, and log1p keeps the digits of a tiny one).
 // VJP: dA = G ∘ σ(A), since d/da log(1 + e^a) = e^a / (1 + e^a) = σ(a), taken in the stable
@@ -11,6 +13,7 @@
 
 #include <fmt/core.h>
 
+#include <span>
 #include <string_view>
 
 namespace my_ops {
@@ -21,9 +24,18 @@ using tapegrad::Tensor;
 using tapegrad::Var;
 using tapegrad::VjpArgs;
 
+template <Scalar T>
+Var<T> softplus(const Var<T>& A);
+
 struct Softplus {
-    static constexpr std::string_view name = "softplus";
-    using Settings = tapegrad::NoSettings;
+    static constexpr std::string_view name = "softplus";  // saved as "user:softplus"
+    static constexpr tapegrad::Arity arity{1};
+    using Settings = tapegrad::NoSettings;  // none: no `fields` to declare
+    /// Records the op again (a loaded tape) through the public function, which checks its argument.
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return softplus(in[0]);
+    }
 
     template <Scalar T>
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
