@@ -100,12 +100,16 @@ void audit_block(const Settings& s) {
     report(s, tape, J);
 }
 
-template <Scalar S>
-void audit_saved(const Settings& s) {
+// --ops: the user's ops a saved tape holds, registered before the file is read.
+void load_user_ops(const Settings& s) {
     for (const std::string& library : s.ops) {
         const std::vector<std::string> names = load_ops(library);
         if (!s.quiet) fmt::print(stderr, "loaded from {}: {}\n", library, fmt::join(names, ", "));
     }
+}
+
+template <Scalar S>
+void audit_saved(const Settings& s) {
     Tape<S> tape;
     const Var<S> J = load_tape(s.tape, tape);
     if (!s.quiet) fmt::print(stderr, "loaded {} ({} nodes)\n", s.tape, tape.size());
@@ -129,7 +133,7 @@ std::optional<Settings> parse(int argc, char** argv) {
         "threads", integer(&s.threads, 0u, cli::max_threads)->default_value(s.threads), "threads (0: one per core)")(
         "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
         "ops", po::value(&s.ops)->composing(),
-        "load a user's ops from this shared library before loading --tape (repeatable; io/tape_file.hpp, load_ops)");
+        "load a user's ops from this shared library before loading --tape (repeatable; autodiff/registry.hpp, load_ops)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, options), values);
     if (values.count("help")) {
@@ -163,6 +167,7 @@ int main(int argc, char** argv) {
     if (!settings) return exit_ok;
     try {
         set_threads(settings->threads);
+        load_user_ops(*settings);
         if (settings->tape.empty()) {
             audit_block(*settings);
         } else if (tape_file_scalar(settings->tape) == TapeFileScalar::float32) {

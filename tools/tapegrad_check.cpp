@@ -50,7 +50,8 @@ Values are drawn from --seed (uniform, weights scaled by sqrt(3/D)); the checker
 --tape FILE checks a saved tape instead (a Tape<double> or Tape<float> a program saved with
 tapegrad::save_tape, io/tape_file.hpp): its leaves that need a gradient are checked, J is its
 output. A tape that holds a user's ops (saved as "user:<name>") needs them: --ops LIBRARY loads a
-shared library whose extern "C" tapegrad_register_ops() registers them (autodiff/registry.hpp). --save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
+shared library whose extern "C" tapegrad_register_ops() registers them (autodiff/registry.hpp).
+--save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
 
 Full mode compares every coordinate of every leaf (and every branch of a leaf with several
 consumers); fast mode compares random directions and falls back to full when one disagrees.
@@ -291,7 +292,7 @@ std::optional<Settings> parse(int argc, char** argv) {
         "tape", po::value(&s.tape), "check this saved tape instead of a model")(
         "save-tape", po::value(&s.save_tape), "write the model's recorded tape to this file; check nothing")(
         "ops", po::value(&s.ops)->composing(),
-        "load a user's ops from this shared library before loading --tape (repeatable; io/tape_file.hpp, load_ops)");
+        "load a user's ops from this shared library before loading --tape (repeatable; autodiff/registry.hpp, load_ops)");
     po::variables_map values;
     po::store(po::parse_command_line(argc, argv, options), values);
     if (values.count("help")) {
