@@ -80,6 +80,8 @@ inline constexpr std::array<std::string_view, 7> settings_kind_names{
     "a non-negative integer", "true or false", "a float32 number", "a float64 number", "one of its names",
     "an array of non-negative integers", "an object of fields"};
 
+static_assert(settings_kind_names.size() == std::variant_size_v<SettingsValue>, "a name for each kind");
+
 /// The fields of settings `s` of op `Op` (none when the op declares no `fields`).
 template <class Op, class S>
 constexpr auto fields_of(S& s) {
@@ -108,6 +110,19 @@ constexpr bool unsupported_field = false;
 
 }  // namespace detail
 
+template <class V>
+SettingsValue settings_value(const V& v);
+
+namespace detail {
+/// A tuple of fields (an op's or a nested struct's `fields`) as nested field values.
+template <class Fields>
+SettingsValue entries_of(const Fields& fields) {
+    std::vector<SettingsEntry> entries;
+    std::apply([&](const auto&... f) { (entries.push_back({f.name, settings_value(f.value)}), ...); }, fields);
+    return entries;
+}
+}  // namespace detail
+
 /// A field's value as a SettingsValue. A scalar other than float or double (a re-run's mp50, a
 /// dual number) is given as the double nearest it: such settings are printed, never saved.
 template <class V>
@@ -129,9 +144,7 @@ SettingsValue settings_value(const V& v) {
     } else if constexpr (requires { typename V::field_proxy_of; }) {
         return v.value();
     } else if constexpr (detail::HasNestedFields<V>) {
-        std::vector<SettingsEntry> entries;
-        std::apply([&](const auto&... f) { (entries.push_back({f.name, settings_value(f.value)}), ...); }, V::fields(v));
-        return entries;
+        return detail::entries_of(V::fields(v));
     } else {
         static_assert(detail::unsupported_field<V>,
                       "a settings field is an unsigned integer, bool, the scalar, an enum with choices(E), "
@@ -143,9 +156,7 @@ SettingsValue settings_value(const V& v) {
 /// Settings `s` of op `Op` as nested fields.
 template <class Op, class S>
 SettingsValue settings_value_of(const S& s) {
-    std::vector<SettingsEntry> entries;
-    std::apply([&](const auto&... f) { (entries.push_back({f.name, settings_value(f.value)}), ...); }, fields_of<Op>(s));
-    return entries;
+    return detail::entries_of(fields_of<Op>(s));
 }
 
 namespace detail {
@@ -163,6 +174,15 @@ const A& value_as(const SettingsValue& value, std::string_view name) {
 
 template <class V>
 void assign_entry(V& v, const std::vector<SettingsEntry>& entries, std::string_view name);
+
+namespace detail {
+/// Sets each field of a tuple of fields from the entry of its name in nested field values `value`.
+template <class Fields>
+void assign_fields(const Fields& fields, const SettingsValue& value, std::string_view name) {
+    const auto& entries = value_as<std::vector<SettingsEntry>>(value, name);
+    std::apply([&](auto... f) { (assign_entry(f.value, entries, f.name), ...); }, fields);
+}
+}  // namespace detail
 
 /// Sets field `v` from `value` (of the kind settings_value gives for V), or throws usage_error naming
 /// the field (a wrong kind, an integer too large for V, a choice out of range, an invalid shape).
@@ -189,8 +209,7 @@ void assign_setting(V& v, const SettingsValue& value, std::string_view name) {
     } else if constexpr (requires { typename V::field_proxy_of; }) {
         v.assign(detail::value_as<std::vector<std::size_t>>(value, name), name);
     } else if constexpr (detail::HasNestedFields<V>) {
-        const auto& entries = detail::value_as<std::vector<SettingsEntry>>(value, name);
-        std::apply([&](auto... f) { (assign_entry(f.value, entries, f.name), ...); }, V::fields(v));
+        detail::assign_fields(V::fields(v), value, name);
     } else {
         static_assert(detail::unsupported_field<V>, "see settings_value");
     }
@@ -209,8 +228,7 @@ void assign_entry(V& v, const std::vector<SettingsEntry>& entries, std::string_v
 /// caller's to refuse, as the tape file does).
 template <class Op, class S>
 void assign_settings(S& s, const SettingsValue& value) {
-    const auto& entries = detail::value_as<std::vector<SettingsEntry>>(value, "settings");
-    std::apply([&](auto... f) { (assign_entry(f.value, entries, f.name), ...); }, fields_of<Op>(s));
+    detail::assign_fields(fields_of<Op>(s), value, "settings");
 }
 
 /// One field at another scalar type (a re-run's settings, autodiff/rerun.hpp): a scalar converted

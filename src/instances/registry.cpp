@@ -56,10 +56,15 @@ public:
                                         [&](const auto& entry) { return entry.second.file_name == file_name; });
         return found == saved_.end() ? nullptr : &found->second;
     }
-    /// Every registration of a user's op so far, in order (a struct registered twice appears twice).
-    std::vector<std::string> user_registrations() {
+    /// How many registrations of a user's op there have been (a struct registered twice counts twice).
+    std::size_t user_registration_count() {
         const std::lock_guard lock(mutex_);
-        return user_registrations_;
+        return user_registrations_.size();
+    }
+    /// The file names of the user's ops registered since the count was `first`, in order.
+    std::vector<std::string> user_registrations_since(std::size_t first) {
+        const std::lock_guard lock(mutex_);
+        return {user_registrations_.begin() + std::ptrdiff_t(first), user_registrations_.end()};
     }
 
 private:
@@ -108,10 +113,9 @@ std::vector<std::string> load_ops(const std::string& shared_library) {
                                       "tapegrad_register_ops() that calls tapegrad::register_op<...>() for each op",
                                       shared_library));
     }
-    const std::size_t before = detail::registry().user_registrations().size();
+    const std::size_t before = detail::registry().user_registration_count();
     entry();
-    std::vector<std::string> added = detail::registry().user_registrations();
-    added.erase(added.begin(), added.begin() + std::ptrdiff_t(before));
+    std::vector<std::string> added = detail::registry().user_registrations_since(before);
     if (added.empty()) {
         throw usage_error(fmt::format("load_ops: '{}' registered no op: its tapegrad_register_ops must call "
                                       "tapegrad::register_op<...>(), and the program and the library must share one "

@@ -103,41 +103,47 @@ Json settings_json(const SettingsValue& value) {
 }
 
 // The fields of `schema` (an op's default settings: the names and kinds), read from `object`:
-// every field present, no other key, each of its kind. `what` names a nested object's fields
-// ("tiles.query") in messages.
+// every field present, no other key, each of its kind. Messages call an unknown key an
+// `unknown_what` and prefix a nested object's fields with `prefix` ("tiles." for tiles.query).
 SettingsValue entries_from(const Json& object, const std::vector<SettingsEntry>& schema, const Where& where,
                            std::string_view unknown_what, const std::string& prefix);
 
+// One setting read from `j` as the kind its schema entry holds.
 SettingsValue setting_from(const Json& j, const SettingsValue& schema, const Where& where, const std::string& name) {
-    switch (schema.index()) {
-    case 0: return count_of(j, where, name);
-    case 1:
-        if (!j.is_boolean()) where.fail(fmt::format("setting \"{}\" is not true or false", name));
-        return j.get<bool>();
-    case 2: return exact_value<float>(j, where, name);
-    case 3: return exact_value<double>(j, where, name);
-    case 4: {
-        const SettingsChoice& choice = std::get<SettingsChoice>(schema);
-        for (std::size_t k = 0; k < choice.names.size(); ++k) {
-            if (j == choice.names[k]) return SettingsChoice{k, choice.names};
+    struct FromJson {
+        const Json& j;
+        const Where& where;
+        const std::string& name;
+
+        SettingsValue operator()(std::size_t) const { return count_of(j, where, name); }
+        SettingsValue operator()(bool) const {
+            if (!j.is_boolean()) where.fail(fmt::format("setting \"{}\" is not true or false", name));
+            return j.get<bool>();
         }
-        std::string names;
-        for (std::size_t k = 0; k < choice.names.size(); ++k) {
-            names += fmt::format("{}\"{}\"", k == 0 ? "" : k + 1 == choice.names.size() ? " or " : ", ", choice.names[k]);
+        SettingsValue operator()(float) const { return exact_value<float>(j, where, name); }
+        SettingsValue operator()(double) const { return exact_value<double>(j, where, name); }
+        SettingsValue operator()(const SettingsChoice& choice) const {
+            for (std::size_t k = 0; k < choice.names.size(); ++k) {
+                if (j == choice.names[k]) return SettingsChoice{k, choice.names};
+            }
+            std::string names;
+            for (std::size_t k = 0; k < choice.names.size(); ++k) {
+                names += fmt::format("{}\"{}\"", k == 0 ? "" : k + 1 == choice.names.size() ? " or " : ", ", choice.names[k]);
+            }
+            where.fail(fmt::format("setting \"{}\" is not {}", name, names));
         }
-        where.fail(fmt::format("setting \"{}\" is not {}", name, names));
-    }
-    case 5: {
-        if (!j.is_array()) where.fail(fmt::format("setting \"{}\" is not an array", name));
-        std::vector<std::size_t> counts;
-        for (std::size_t k = 0; k < j.size(); ++k) counts.push_back(count_of(j[k], where, fmt::format("{}[{}]", name, k)));
-        return counts;
-    }
-    default:
-        if (!j.is_object()) where.fail(fmt::format("setting \"{}\" is not an object", name));
-        return entries_from(j, std::get<std::vector<SettingsEntry>>(schema), where, fmt::format("field of \"{}\"", name),
-                            name + ".");
-    }
+        SettingsValue operator()(const std::vector<std::size_t>&) const {
+            if (!j.is_array()) where.fail(fmt::format("setting \"{}\" is not an array", name));
+            std::vector<std::size_t> counts;
+            for (std::size_t k = 0; k < j.size(); ++k) counts.push_back(count_of(j[k], where, fmt::format("{}[{}]", name, k)));
+            return counts;
+        }
+        SettingsValue operator()(const std::vector<SettingsEntry>& fields) const {
+            if (!j.is_object()) where.fail(fmt::format("setting \"{}\" is not an object", name));
+            return entries_from(j, fields, where, fmt::format("field of \"{}\"", name), name + ".");
+        }
+    };
+    return std::visit(FromJson{j, where, name}, schema);
 }
 
 SettingsValue entries_from(const Json& object, const std::vector<SettingsEntry>& schema, const Where& where,
