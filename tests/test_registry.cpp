@@ -170,19 +170,43 @@ BOOST_AUTO_TEST_CASE(settings_convert_field_by_field) {
     BOOST_TEST((same.axes == axes.axes));
 }
 
+// The refusal of a saved tape's text with its first `from` replaced by `to` (loading it must fail).
+std::string refusal_after(const std::string& text, const std::string& from, const std::string& to) {
+    std::string changed = text;
+    const std::size_t at = changed.find(from);
+    BOOST_TEST_REQUIRE(at != std::string::npos, from << " is not in the saved text");
+    changed.replace(at, from.size(), to);
+    Tape<double> loaded;
+    return message_of<io_error>([&] { (void)parse_tape(changed, "changed", loaded); });
+}
+
 // A file's settings that the op's fields cannot hold are refused with the field named.
 BOOST_AUTO_TEST_CASE(a_file_setting_the_fields_cannot_hold_is_refused_by_name) {
     Tape<double> tape;
     const auto x = tape.leaf(Tensor<double>(Shape{2, 3}, std::vector<double>(6, 1.0)), "x");
     const std::string text = tape_file_text(tape, sum(permute(x, {1, 0})));
-    const auto refusal = [&](const std::string& from, const std::string& to) {
-        std::string changed = text;
-        changed.replace(changed.find(from), from.size(), to);
-        Tape<double> loaded;
-        return message_of<io_error>([&] { (void)parse_tape(changed, "changed", loaded); });
-    };
-    BOOST_TEST(contains(refusal(R"("axes":[1,0])", R"("axes":[1,0,2,3,4])"),
+    BOOST_TEST(contains(refusal_after(text, R"("axes":[1,0])", R"("axes":[1,0,2,3,4])"),
                         "setting \"axes\" names 5 axes, above the maximum rank 4"));
-    BOOST_TEST(contains(refusal(R"("axes":[1,0])", R"("axes":true)"), "setting \"axes\" is not an array"));
-    BOOST_TEST(contains(refusal(R"("axes":[1,0])", R"("axis":[1,0])"), "unknown setting \"axis\""));
+    BOOST_TEST(contains(refusal_after(text, R"("axes":[1,0])", R"("axes":true)"), "setting \"axes\" is not an array"));
+    BOOST_TEST(contains(refusal_after(text, R"("axes":[1,0])", R"("axis":[1,0])"), "unknown setting \"axis\""));
+}
+
+// Each kind of field given a value of another kind, and the settings given as no object: each
+// refused with the setting and the kind it must have named.
+BOOST_AUTO_TEST_CASE(a_file_setting_of_the_wrong_kind_is_refused_by_name) {
+    Tape<double> tape;
+    const auto x = tape.leaf(Tensor<double>(Shape{2, 4}, std::vector<double>{1, 2, 3, 4, 5, 6, 7, 8}), "x");
+    const Var<double> attended = fused_attention(x, x, x, true, 0);
+    const std::string text = tape_file_text(tape, sum(gelu(max(attended, 1, true), GeluForm::erf)));
+    const std::string node = "load_tape: changed: node ";
+    BOOST_TEST(refusal_after(text, R"("keepdims":true)", R"("keepdims":1)") ==
+               node + "2 (op max): setting \"keepdims\" is not true or false");
+    BOOST_TEST(refusal_after(text, R"("form":"erf")", R"("form":"exact")") ==
+               node + "3 (op gelu): setting \"form\" is not \"tanh\" or \"erf\"");
+    BOOST_TEST(refusal_after(text, R"("tiles":{"query":128,"key":128})", R"("tiles":128)") ==
+               node + "1 (op fused_attention): setting \"tiles\" is not an object");
+    BOOST_TEST(refusal_after(text, R"({"query":128,"key":128})", R"({"size":128,"key":128})") ==
+               node + "1 (op fused_attention): unknown field of \"tiles\" \"size\"");
+    BOOST_TEST(refusal_after(text, R"("settings":{"form":"erf"})", R"("settings":["erf"])") ==
+               node + "3 (op gelu): \"settings\" is not an object");
 }
