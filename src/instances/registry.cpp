@@ -34,6 +34,7 @@ public:
         return found == siblings_.end() ? nullptr : &found->second;  // map nodes stay where they are
     }
 
+    /// A user's op (register_op; the library's are in from the start, add_library_ops).
     void add(SavedOp op) {
         const std::lock_guard lock(mutex_);
         for (const auto& [type, other] : saved_) {
@@ -42,7 +43,7 @@ public:
                                               "({}; this one is {})", op.file_name, other.op->name(), op.op->name()));
             }
         }
-        if (op.origin == OpOrigin::user) user_registrations_.push_back(op.file_name);
+        user_registrations_.push_back(op.file_name);
         saved_.insert_or_assign(std::type_index(*op.op), std::move(op));
     }
     const SavedOp* find_saved(const std::type_info& op) {
