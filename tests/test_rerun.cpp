@@ -385,9 +385,10 @@ BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
     const Var<double> J = testing::every_op_graph(tape);
     std::set<std::string> ops;
     for (std::size_t i = 0; i < tape.size(); ++i) ops.insert(std::string(tape.info(i).op));
-    BOOST_TEST(testing::missing_names(testing::library_op_names(), ops) == "",
-               "ops of LibraryOps missing from testing::every_op_graph (tests/support.hpp)");
-    BOOST_TEST(testing::missing_names(ops, testing::library_op_names()) == "", "ops recorded but not in LibraryOps");
+    const std::string missing = testing::missing_names(testing::library_op_names(), ops);
+    BOOST_TEST(missing.empty(), "ops of LibraryOps missing from testing::every_op_graph (tests/support.hpp): " << missing);
+    const std::string unlisted = testing::missing_names(ops, testing::library_op_names());
+    BOOST_TEST(unlisted.empty(), "ops recorded but not in LibraryOps: " << unlisted);
 
     Tape<mp50> precise;
     std::vector<Var<mp50>> leaves;

@@ -244,8 +244,10 @@ BOOST_AUTO_TEST_CASE(a_changed_setting_loads_as_a_different_graph_for_every_op) 
             declared.insert(fmt::format("{}.{}", op, field.name));
         }
     }
-    BOOST_TEST(testing::missing_names(declared, settings) == "", "declared fields the settings graph does not save");
-    BOOST_TEST(testing::missing_names(settings, declared) == "", "saved settings no op declares");
+    const std::string unsaved = testing::missing_names(declared, settings);
+    BOOST_TEST(unsaved.empty(), "declared fields the settings graph does not save: " << unsaved);
+    const std::string undeclared = testing::missing_names(settings, declared);
+    BOOST_TEST(undeclared.empty(), "saved settings no op declares: " << undeclared);
     for (const std::string& name : settings) BOOST_TEST(taken.count(name) == 1u, name << ": no changed value was taken");
 }
 
