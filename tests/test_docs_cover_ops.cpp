@@ -7,7 +7,7 @@
 // out of the list is named here too. Fault controls: a name no op has is found missing from both
 // docs, and an op struct in a header of a scratch folder is found missing from the list.
 #define BOOST_TEST_MODULE docs_cover_ops
-#include "support.hpp"
+#include "op_rules.hpp"
 
 #include <fmt/format.h>
 
@@ -15,6 +15,7 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -83,6 +84,34 @@ std::string unlisted(const std::map<std::string, std::string>& declared) {
     return names;
 }
 
+// The public functions the README's op tables name (the section "### Ops (" up to the next "### "):
+// each `name(` in a row's first cell, or the op a cell names with "(op `name`)" (sum(X, axis) is
+// sum_axis).
+std::set<std::string> readme_functions(const std::string& path) {
+    std::ifstream file(path);
+    if (!file) throw std::runtime_error("cannot read " + path);
+    static const std::regex function(R"re(`([a-z_]+)\()re"), op_named(R"re(\(op `([a-z_]+)`\))re");
+    std::set<std::string> names;
+    bool in_ops = false;
+    for (std::string line; std::getline(file, line);) {
+        if (line.starts_with("### ")) in_ops = line.starts_with("### Ops (");
+        if (!in_ops || !line.starts_with("| ")) continue;
+        const std::string cell = line.substr(2, line.find(" | ", 1) - 2);
+        std::smatch m;
+        if (std::regex_search(cell, m, op_named)) {
+            names.insert(m[1].str());
+            continue;
+        }
+        for (auto it = std::sregex_iterator(cell.begin(), cell.end(), function); it != std::sregex_iterator(); ++it)
+            names.insert((*it)[1].str());
+    }
+    return names;
+}
+
+std::set<std::string> rule_names() {
+    return {testing::rules::Rules::names.begin(), testing::rules::Rules::names.end()};
+}
+
 struct Docs {
     std::vector<std::string> readme = first_cells(TAPEGRAD_SOURCE_DIR "/README.md");
     std::vector<std::string> tape_file = first_cells(TAPEGRAD_SOURCE_DIR "/docs/tape-file.md");
@@ -110,7 +139,8 @@ BOOST_AUTO_TEST_CASE(an_op_without_rows_is_found_missing) {
 BOOST_AUTO_TEST_CASE(every_op_struct_under_ops_is_in_library_ops) {
     const auto declared = declared_ops(TAPEGRAD_SOURCE_DIR "/ops");
     BOOST_TEST(declared.size() == LibraryOps::size, "op structs under ops/ and in LibraryOps differ in number");
-    BOOST_TEST(unlisted(declared) == "", "op structs under ops/ missing from LibraryOps (ops/all.hpp)");
+    const std::string missing = unlisted(declared);
+    BOOST_TEST(missing.empty(), "op structs under ops/ missing from LibraryOps (ops/all.hpp): " << missing);
 }
 
 BOOST_AUTO_TEST_CASE(an_op_struct_left_out_of_library_ops_is_found) {
@@ -123,4 +153,32 @@ BOOST_AUTO_TEST_CASE(an_op_struct_left_out_of_library_ops_is_found) {
     std::filesystem::remove_all(folder);
     BOOST_TEST(declared.size() == 2u);
     BOOST_TEST(unlisted(declared) == "orphan (orphan.hpp)");
+}
+
+// The random graphs, the second-order rows and the graph of every op (tests/op_rules.hpp) draw each
+// public function through its rule: every function of the README's op tables has one, and every
+// rule is a documented function.
+BOOST_AUTO_TEST_CASE(every_public_function_of_the_readme_has_a_rule_in_op_rules) {
+    const std::set<std::string> documented = readme_functions(TAPEGRAD_SOURCE_DIR "/README.md");
+    BOOST_TEST(documented.size() >= 41u);
+    const std::string without_rule = testing::missing_names(documented, rule_names());
+    BOOST_TEST(without_rule.empty(), "functions of README.md's op tables without a rule in tests/op_rules.hpp: "
+                                         << without_rule);
+    const std::string undocumented = testing::missing_names(rule_names(), documented);
+    BOOST_TEST(undocumented.empty(), "rules of tests/op_rules.hpp whose function README.md's op tables lack: "
+                                         << undocumented);
+}
+
+// Fault control: a function documented in the op tables without a rule is named; the same name
+// outside the op section, or in a row's later cells, is not a function of the tables.
+BOOST_AUTO_TEST_CASE(a_documented_function_without_a_rule_is_found) {
+    const std::filesystem::path readme =
+        std::filesystem::temp_directory_path() / fmt::format("readme_{}.md", ::getpid());
+    std::ofstream(readme) << "### Engine\n| `set_threads(n)` | x |\n### Ops (`ops/`)\n| `exp(A)` | `frobnicate(A)` "
+                             "|\n| `frobnicate(A)`, `neg(A)` | y |\n| `sum(X, axis)` (op `sum_axis`) | z |\n### Checker\n"
+                             "| `gadget(A)` | w |\n";
+    const std::set<std::string> documented = readme_functions(readme.string());
+    std::filesystem::remove(readme);
+    BOOST_TEST(fmt::format("{}", fmt::join(documented, " ")) == "exp frobnicate neg sum_axis");
+    BOOST_TEST(testing::missing_names(documented, rule_names()) == "frobnicate");
 }

@@ -8,7 +8,7 @@
 // rejected); both dual re-runs of the JVP and HVP checks compared; a branch change named at its
 // element; an op without siblings, and an output of constants only, are refused by name.
 #define BOOST_TEST_MODULE rerun
-#include "support.hpp"
+#include "op_rules.hpp"
 
 #include "models/retrieval.hpp"
 
@@ -386,7 +386,7 @@ BOOST_AUTO_TEST_CASE(a_tape_of_every_library_op_reruns_and_checks) {
     std::set<std::string> ops;
     for (std::size_t i = 0; i < tape.size(); ++i) ops.insert(std::string(tape.info(i).op));
     const std::string missing = testing::missing_names(testing::library_op_names(), ops);
-    BOOST_TEST(missing.empty(), "ops of LibraryOps missing from testing::every_op_graph (tests/support.hpp): " << missing);
+    BOOST_TEST(missing.empty(), "ops of LibraryOps missing from testing::every_op_graph (a rule missing from tests/op_rules.hpp): " << missing);
     const std::string unlisted = testing::missing_names(ops, testing::library_op_names());
     BOOST_TEST(unlisted.empty(), "ops recorded but not in LibraryOps: " << unlisted);
 

@@ -9,7 +9,7 @@
 // values as the scalar the file names (what the tools pick the tape's type by); an unlabelled node
 // is written without a label.
 #define BOOST_TEST_MODULE tape_file
-#include "support.hpp"
+#include "op_rules.hpp"
 
 #include "models/retrieval.hpp"
 
@@ -155,14 +155,29 @@ std::optional<Json> load_following_shapes(Json document, std::string_view name) 
 }
 
 // Other values for one saved setting: each kind of field changed in each way that can stay valid.
-std::vector<Json> changed_values(const Json& v) {
+// The names of a choice field of a library op (an enum's names, from the op's declared fields);
+// empty for a field of another kind.
+std::vector<std::string> choice_names(const std::string& op, const std::string& key) {
+    const SavedOp* saved = detail::find_saved_op(op);
+    if (saved == nullptr) return {};
+    const SettingsValue schema = saved->form<double>().schema();  // held: the loop reads into it
+    for (const SettingsEntry& field : std::get<std::vector<SettingsEntry>>(schema)) {
+        const auto* choice = std::get_if<SettingsChoice>(&field.value);
+        if (field.name == key && choice != nullptr) return {choice->names.begin(), choice->names.end()};
+    }
+    return {};
+}
+
+// Values other than v for a setting: for a choice, its op's other names (`choices`).
+std::vector<Json> changed_values(const Json& v, const std::vector<std::string>& choices = {}) {
     std::vector<Json> out;
     if (v.is_boolean()) out.push_back(!v.get<bool>());
     if (v.is_number_unsigned()) {
         out.push_back(v.get<std::size_t>() + 1);
         if (v.get<std::size_t>() > 0) out.push_back(v.get<std::size_t>() - 1);
     }
-    if (v == "tanh" || v == "erf") out.push_back(v == "tanh" ? "erf" : "tanh");
+    for (const std::string& name : choices)
+        if (v != name) out.push_back(name);
     double x = 0;
     if (v.is_string()) {
         const std::string& s = v.get_ref<const std::string&>();
@@ -221,7 +236,7 @@ BOOST_AUTO_TEST_CASE(a_changed_setting_loads_as_a_different_graph_for_every_op) 
         for (const auto& [key, value] : node["settings"].items()) {
             const std::string name = fmt::format("{}.{}", node["op"].get<std::string>(), key);
             settings.insert(name);
-            for (const Json& other : changed_values(value)) {
+            for (const Json& other : changed_values(value, choice_names(node["op"].get<std::string>(), key))) {
                 if (other == value) continue;  // [4, 4] reversed
                 Json changed = original;
                 changed["nodes"][i]["settings"][key] = other;
