@@ -33,10 +33,14 @@
 #include "ops/pow.hpp"
 #include "ops/reciprocal.hpp"
 #include "ops/relu.hpp"
+#include "ops/repeat_heads.hpp"
 #include "ops/reshape.hpp"
+#include "ops/rms_norm.hpp"
+#include "ops/rope.hpp"
 #include "ops/scale.hpp"
 #include "ops/shift.hpp"
 #include "ops/sigmoid.hpp"
+#include "ops/silu.hpp"
 #include "ops/slice.hpp"
 #include "ops/softmax.hpp"
 #include "ops/split_heads.hpp"
@@ -57,6 +61,7 @@ namespace tapegrad {
 using LibraryOps =
     OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
            LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
-           Reshape, Scale, Shift, Sigmoid, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum, SumAxis, Tanh, Transpose>;
+           RepeatHeads, Reshape, RmsNorm, Rope, Scale, Shift, Sigmoid, Silu, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum,
+           SumAxis, Tanh, Transpose>;
 
 }  // namespace tapegrad

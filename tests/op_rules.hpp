@@ -912,6 +912,76 @@ struct MergeHeadsRule {
     static V record(const Operands<V>& x) { return merge_heads(x[0]); }
 };
 
+// ---- today's decoders: rms_norm, silu, rope, repeat_heads ----
+
+struct RmsNormRule {
+    static constexpr std::string_view name = "rms_norm";
+    static bool draw(Drawing& d) {
+        const std::size_t a = d.unary_of_rank_at_least(1);
+        if (a == none) return false;
+        const std::size_t D = d.shape(a).cols();
+        // Rows of root mean square ≥ 0.3: the k-th derivative grows as rms^−k (as layer_norm's σ).
+        const Tensor<double> X = d.value_now(a);
+        for (std::size_t row = 0; row < X.size() / D; ++row) {
+            double squares = 0;
+            for (std::size_t j = 0; j < D; ++j) squares += X[row * D + j] * X[row * D + j];
+            if (std::sqrt(squares / static_cast<double>(D)) < 0.3) return false;
+        }
+        // Each normalised entry is at most √D in magnitude.
+        const double spread =
+            vector_or_constant(d, D, d.step.first, 0.5, 1.5).magnitude() * std::sqrt(static_cast<double>(D));
+        d.range = {-spread, spread};
+        return true;
+    }
+    template <class V>
+    static V record(const Operands<V>& x) { return rms_norm(x[0], x.or_constant(1, x.step.first)); }
+};
+
+struct SiluRule {
+    static constexpr std::string_view name = "silu";
+    static bool draw(Drawing& d) {
+        const std::size_t a = d.unary();
+        d.range = {-0.28, std::max(d.range_of(a).hi, 0.0)};  // silu(x) ≥ −0.2785 everywhere, ≤ max(x, 0)
+        return true;
+    }
+    template <class V>
+    static V record(const Operands<V>& x) { return silu(x[0]); }
+};
+
+struct RopeRule {
+    static constexpr std::string_view name = "rope";
+    static bool draw(Drawing& d) {
+        const std::size_t a = d.unary([](const Shape& s, const Range&) { return s.rank() >= 2 && s.cols() % 2 == 0; });
+        if (a == none) return false;
+        d.step.c = d.uniform(0, 1) == 1 ? 10.0 : 10000.0;  // base
+        d.step.flag = d.uniform(0, 1) == 1;              // the halves pairing
+        d.step.n = d.uniform(0, 20);                      // first position
+        const double m = std::sqrt(2.0) * d.range_of(a).magnitude();  // a rotated pair keeps its length
+        d.range = {-m, m};
+        return true;
+    }
+    template <class V>
+    static V record(const Operands<V>& x) {
+        return rope(x[0], {.base = x.step.c,
+                           .pairing = x.step.flag ? RopePairing::halves : RopePairing::interleaved,
+                           .first_position = x.step.n});
+    }
+};
+
+struct RepeatHeadsRule {
+    static constexpr std::string_view name = "repeat_heads";
+    static bool draw(Drawing& d) {
+        const std::size_t a = d.unary_of_rank_at_least(3);
+        if (a == none) return false;
+        d.step.n = d.uniform(1, 3);  // groups
+        d.out = RepeatHeads::output_shape(d.shape(a), d.step.n);
+        d.range = d.range_of(a);
+        return true;
+    }
+    template <class V>
+    static V record(const Operands<V>& x) { return repeat_heads(x[0], x.step.n); }
+};
+
 // ---- the list: one rule per public op ----
 
 template <class... Rule>
@@ -932,7 +1002,8 @@ using Rules = RuleList<
     SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, TransposeRule,
     SoftmaxRule, MaskRule, LogSoftmaxRule, LayerNormRule, FusedAttentionRule, SumRule, SumAxisRule, MeanRule,
     MaxRule, LogsumexpRule, ReshapeRule, ConcatRule, SliceRule, PermuteRule, DropoutRule, DropoutWithMaskRule,
-    EmbeddingRule, CrossEntropyRule, SplitHeadsRule, MergeHeadsRule>;
+    EmbeddingRule, CrossEntropyRule, SplitHeadsRule, MergeHeadsRule, RmsNormRule, SiluRule, RopeRule,
+    RepeatHeadsRule>;
 // clang-format on
 
 // The index of the rule named `name`; throws for an unknown name.

@@ -113,7 +113,10 @@ Var<double> settings_graph(Tape<double>& tape) {
         sum(concat({b, a}, 1)), sum(slice(b, 1, 0, 2)), sum(embedding(E, rows, 2)),            // concat slice embedding
         sum(permute(split_heads(b, 2), {0, 2, 1})),                                             // split_heads permute
         sum(max(q, 1, true)), sum(mean(q, 0, false)), sum(sum(q, 1, true)), sum(logsumexp(q, 0, true)),
-        cross_entropy(b, targets)};
+        cross_entropy(b, targets),
+        sum(rms_norm(b, gain, {.epsilon = 1e-3})),                                              // rms_norm
+        sum(repeat_heads(rope(split_heads(b, 2), {.base = 500, .pairing = RopePairing::halves,  // rope repeat_heads
+                                                  .first_position = 5}), 2))};
     Var<double> J = terms[0];
     for (std::size_t k = 1; k < terms.size(); ++k) J = add(J, terms[k]);
     return J;
