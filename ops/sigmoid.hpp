@@ -42,15 +42,19 @@ struct Sigmoid {
         for (std::size_t k = 0; k < A.size(); ++k) Y[k] = logistic(A[k]);
     }
 
+    /// σ'(a) = e^(−|a|) / (1 + e^(−|a|))² (silu's VJP takes it too).
     template <Scalar T>
-    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+    static T slope(const T& a) {
         using std::abs;
         using std::exp;
+        const T e = exp(-abs(a));
+        return T(e / ((1 + e) * (1 + e)));
+    }
+
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
         const Tensor<T>& A = *at.in[0];
-        for (std::size_t k = 0; k < at.G.size(); ++k) {
-            const T e = exp(-abs(A[k]));
-            dA[k] = at.G[k] * (e / ((1 + e) * (1 + e)));
-        }
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * slope(A[k]);
     }
 };
 

@@ -2,7 +2,7 @@
 /// silu: the sigmoid-weighted linear unit (swish), elementwise, Y = A ∘ σ(A): the gate of LLaMA's
 /// and Mistral's SwiGLU MLP, W_down·(silu(X·W_gate) ∘ (X·W_up)), as torch.nn.functional.silu.
 ///   A [...] -> Y [...]
-/// VJP: dA = G ∘ (σ(a) + a·σ'(a)),  σ'(a) = e^(−|a|) / (1 + e^(−|a|))²  (even in a, as in sigmoid).
+/// VJP: dA = G ∘ (σ(a) + a·σ'(a)),  σ'(a) = e^(−|a|) / (1 + e^(−|a|))²  (Sigmoid::slope).
 ///   Forgetting the a·σ'(a) term (the slope of the gate itself) gives G ∘ σ(A), wrong everywhere
 ///   but at a = 0.
 /// SwiGLU is composed, mul(silu(gate), up), rather than an op of its own: its VJP is the product
@@ -38,14 +38,9 @@ struct Silu {
 
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
-        using std::abs;
-        using std::exp;
         const Tensor<T>& A = *at.in[0];
-        for (std::size_t k = 0; k < at.G.size(); ++k) {
-            const T e = exp(-abs(A[k]));
-            const T slope = Sigmoid::logistic(A[k]) + A[k] * T(e / ((1 + e) * (1 + e)));
-            dA[k] = at.G[k] * slope;
-        }
+        for (std::size_t k = 0; k < at.G.size(); ++k)
+            dA[k] = at.G[k] * T(Sigmoid::logistic(A[k]) + A[k] * Sigmoid::slope(A[k]));
     }
 };
 
