@@ -25,6 +25,7 @@
 #include "io/graphviz.hpp"
 #include "io/tape_file.hpp"
 #include "models/attention.hpp"
+#include "models/llama.hpp"
 #include "models/masks.hpp"
 #include "models/multihead.hpp"
 #include "models/optimizer.hpp"

@@ -2,7 +2,8 @@
 # Fuzzes the readers of files with libFuzzer (+ ASan/UBSan) for the given number of seconds each
 # (default 60): the .npy reader from the seed files in fuzz/corpus, the saved-tape loader from those
 # in fuzz/tape_corpus (valid tapes) and tests/data/tape_files (the valid spec tape and the malformed
-# corpus); new inputs each finds go to <build>/fuzz-corpus-<target>, and a crashing input to
+# corpus), the safetensors reader from fuzz/safetensors_corpus; new inputs each finds go to
+# <build>/fuzz-corpus-<target>, and a crashing input to
 # <build>/crash-*. Fails (exit 1) on a crash, a leak or a sanitizer report.
 # Needs clang++ with libFuzzer (Debian: clang-14 libclang-rt-14-dev).
 #   fuzz/run.sh [seconds]               configures and builds build-fuzz (the library and the target)
@@ -19,7 +20,7 @@ if [ -z "$build" ]; then
   cmake -S . -B "$build" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTAPEGRAD_BUILD_FUZZ=ON \
     -DTAPEGRAD_BUILD_TESTS=OFF -DTAPEGRAD_BUILD_EXAMPLES=OFF -DTAPEGRAD_BUILD_TOOLS=OFF >/dev/null
 fi
-cmake --build "$build" --target fuzz_npy fuzz_tape_file -j"$(nproc)"
+cmake --build "$build" --target fuzz_npy fuzz_tape_file fuzz_safetensors -j"$(nproc)"
 run() {  # run TARGET MAX_LEN SEED_DIR...
   local target="$1" max_len="$2"
   shift 2
@@ -30,3 +31,4 @@ run() {  # run TARGET MAX_LEN SEED_DIR...
 run fuzz_npy 4096 fuzz/corpus
 # Saved tapes are text: a longer limit, so the seed tapes (a few kB) fit whole.
 run fuzz_tape_file 16384 fuzz/tape_corpus tests/data/tape_files
+run fuzz_safetensors 4096 fuzz/safetensors_corpus

@@ -3,7 +3,7 @@
 /// gradient is the tape's chain of the ops' hand-derived VJPs (it has no VJP of its own), checked
 /// end to end:
 ///   Q = X·W_Q, K = X·W_K, V = X·W_V              X [T×D], W_Q, W_K [D×d], W_V [D×r]
-///   S = Q·Kᵀ/√d,  S' = mask(S, M),  A = softmax(S'),  A' = dropout(A),  O = A'·V
+///   S = Q·Kᵀ/√d,  S' = mask(S [+ bias], M),  A = softmax(S'),  A' = dropout(A),  O = A'·V
 ///       Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r] (same leading dimensions) -> O [..., Tq, r]
 /// The mask and the dropout are optional. Without a mask no mask node is recorded, so plain
 /// attention's graph (its node count, DOT picture and the checker's branch names) holds only the
@@ -20,6 +20,7 @@
 #pragma once
 
 #include "models/masks.hpp"
+#include "ops/add.hpp"
 #include "ops/checks.hpp"
 #include "ops/dropout.hpp"
 #include "ops/mask.hpp"
@@ -64,10 +65,11 @@ namespace detail {
 /// function the user called.
 template <Scalar T>
 AttentionResult<T> compose_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const Tensor<double>* visible,
-                                     const std::optional<DropoutSettings>& dropout) {
+                                     const std::optional<DropoutSettings>& dropout, const Tensor<double>* bias = nullptr) {
     const std::size_t d = Q.shape().cols();
     const Var<T> S = (matmul(Q, transpose(K)) * inv_sqrt<T>(d)).named("S");  // records scale
-    const Var<T> scores = visible ? mask(S, Q.tape().constant(tensor_cast<T>(*visible), "attention mask")) : S;
+    const Var<T> biased = bias ? add(S, Q.tape().constant(tensor_cast<T>(*bias), "attention bias")) : S;
+    const Var<T> scores = visible ? mask(biased, Q.tape().constant(tensor_cast<T>(*visible), "attention mask")) : biased;
     const Var<T> A = softmax(scores).named("A");
     const Var<T> A_dropped =
         dropout ? tapegrad::dropout(A, dropout->p, dropout->generator.get()).named("A dropped") : A;
@@ -111,12 +113,15 @@ AttentionResult<T> attention(const Var<T>& X, const Var<T>& W_Q, const Var<T>& W
     return attention_from_qkv(Q, K, V);
 }
 
-/// Attention with an explicit 0/1 mask M ([Tq × Tk] shared by the batch, or one per matrix of S).
+/// Attention with an explicit 0/1 mask M ([Tq × Tk] shared by the batch, or one per matrix of S),
+/// and optionally an additive bias on the scores before the mask (ALiBi's, models/masks.hpp; any
+/// shape that broadcasts with S [..., Tq, Tk]).
 template <Scalar T>
 AttentionResult<T> masked_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const Tensor<double>& M,
-                                    std::optional<DropoutSettings> dropout = std::nullopt) {
+                                    std::optional<DropoutSettings> dropout = std::nullopt,
+                                    const Tensor<double>* bias = nullptr) {
     checks::attention_inputs("masked_attention", Q, K, V);
-    return detail::compose_attention(Q, K, V, &M, dropout);
+    return detail::compose_attention(Q, K, V, &M, dropout, bias);
 }
 
 /// The spec's causal_attention, with query_offset implemented.

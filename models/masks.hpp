@@ -14,6 +14,10 @@
 ///     simply not read them.
 ///   * a length of zero is rejected (a sequence with no tokens has nothing to attend to), as is a
 ///     length above the key count.
+///
+/// A sliding window (Mistral's): causal, and a query sees only the last w positions up to its own.
+/// ALiBi (Press et al.): no positions in the inputs; an additive bias −m_h·(distance) on each head's
+/// scores, with a slope m_h per head (alibi_slopes, alibi_bias).
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -21,8 +25,10 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
 #include <span>
 #include <string_view>
+#include <vector>
 
 namespace tapegrad {
 
@@ -46,12 +52,47 @@ inline void check_block(std::string_view where, std::size_t query_count, std::si
 }  // namespace detail
 
 /// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i.
-inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0) {
+/// With a sliding window of w keys (Mistral's; `window` 0: none), query i at absolute position
+/// p = query_offset + i sees only keys p − w < j ≤ p: itself and the w − 1 before it.
+inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0,
+                                  std::size_t window = 0) {
     detail::check_block("causal_mask", query_count, key_count, query_offset);
     Tensor<double> M(Shape{query_count, key_count}, 0.0);
-    for (std::size_t i = 0; i < query_count; ++i)
-        for (std::size_t j = 0; j <= query_offset + i; ++j) M(i, j) = 1.0;
+    for (std::size_t i = 0; i < query_count; ++i) {
+        const std::size_t p = query_offset + i, first = window != 0 && p + 1 > window ? p + 1 - window : 0;
+        for (std::size_t j = first; j <= p; ++j) M(i, j) = 1.0;
+    }
     return M;
+}
+
+/// ALiBi's slopes (Press, Smith and Lewis 2022), head h's m_h: for H a power of two
+/// m_h = 2^(−8(h+1)/H); otherwise, as the paper's code and BLOOM's, the slopes of the largest power
+/// of two n < H followed by every other slope of 2n (2^(−8·1/(2n)), 2^(−8·3/(2n)), ...).
+inline std::vector<double> alibi_slopes(std::size_t heads) {
+    if (heads == 0) throw shape_error("alibi_slopes: heads must be at least 1");
+    std::size_t n = 1;
+    while (2 * n <= heads) n *= 2;
+    std::vector<double> slopes;
+    for (std::size_t h = 1; h <= n; ++h) slopes.push_back(std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n)));
+    for (std::size_t k = 1; slopes.size() < heads; k += 2)
+        slopes.push_back(std::exp2(-8.0 * static_cast<double>(k) / static_cast<double>(2 * n)));
+    return slopes;
+}
+
+/// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·(p − j), p = query_offset + i: 0 for the query's own
+/// position, the more negative the farther back the key (keys after p are for the causal mask to
+/// hide; their bias is positive and never weighs).
+inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std::size_t key_count,
+                                 std::size_t query_offset = 0) {
+    const std::vector<double> m = alibi_slopes(heads);
+    Tensor<double> bias(Shape{heads, query_count, key_count});
+    for (std::size_t h = 0; h < heads; ++h)
+        for (std::size_t i = 0; i < query_count; ++i)
+            for (std::size_t j = 0; j < key_count; ++j) {
+                const double distance = static_cast<double>(query_offset + i) - static_cast<double>(j);
+                bias[(h * query_count + i) * key_count + j] = -m[h] * distance;
+            }
+    return bias;
 }
 
 /// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same

@@ -1,23 +1,33 @@
 /// \file
 /// Multi-head attention composed from ops (its gradient is the chain of the ops' VJPs):
-///   Q = X_q·W_Q, K = X_kv·W_K, V = X_kv·W_V            X [B, T, D] (or [T, D]); W_Q, W_K [D × H·dh], W_V [D × H·dv]
+///   Q = X_q·W_Q, K = X_kv·W_K, V = X_kv·W_V            X [B, T, D] (or [T, D]); W_Q [D × H·dh],
+///                                                        W_K [D × H_kv·dh], W_V [D × H_kv·dv]
 ///   Q_h, K_h, V_h = split_heads(...)                     [B, H, T, dh]: heads become batch matrices
+///   (rope: Q_h, K_h rotated at their absolute positions, ops/rope.hpp; grouped-query attention,
+///    H_kv < H: K_h, V_h repeated for each group of H/H_kv query heads, ops/repeat_heads.hpp)
 ///   O_h = softmax(mask(Q_h·K_hᵀ/√dh))·V_h                per head, scaled by the head width dh
 ///                                                        (masked_attention, models/attention.hpp)
 ///   Y = merge_heads(O_h)·W_O                              W_O [H·dv × D_out] -> Y [B, Tq, D_out]
 /// Options: causal masking with a query offset (queries X_q are the block at absolute positions
 /// query_offset.., keys and values X_kv the whole history), per-sequence lengths (padding, see
 /// models/masks.hpp: padded keys are never attended to, padded query rows output exactly zero),
-/// dropout on the weights with an explicit generator, and the per-head kernel: `composed` (the
-/// ops above) or `fused` (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d)V, which
-/// supports causal masking and the offset only).
+/// dropout on the weights with an explicit generator, rotary positions (rope), key/value heads
+/// fewer than query heads (kv_heads), a causal sliding window and ALiBi's biases (composed kernel
+/// only, models/masks.hpp), and the per-head kernel: `composed` (the ops above) or
+/// `fused` (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d)V, which supports causal
+/// masking and the offset only).
+/// A key/value cache (generation): self-attention over X's rows appended to the keys and values
+/// (rotated) of the positions before them; only X's rows are projected.
 #pragma once
 
 #include "models/attention.hpp"
 #include "models/masks.hpp"
 #include "ops/fused_attention.hpp"
 #include "ops/matmul.hpp"
+#include "ops/concat.hpp"
 #include "ops/merge_heads.hpp"
+#include "ops/repeat_heads.hpp"
+#include "ops/rope.hpp"
 #include "ops/split_heads.hpp"
 
 #include <fmt/core.h>
@@ -47,11 +57,27 @@ inline AttentionKernel attention_kernel_from(std::string_view name) {
 
 struct MultiHeadOptions {
     std::size_t heads = 1;
+    std::size_t kv_heads = 0;              ///< key/value heads, dividing heads (0: as many as heads)
     bool causal = true;
     std::size_t query_offset = 0;          ///< absolute position of the first query (key-value cache)
     std::vector<std::size_t> lengths{};    ///< per-sequence lengths; empty = no padding
     std::optional<DropoutSettings> dropout{};
     AttentionKernel kernel = AttentionKernel::composed;
+    /// Rotary positions on Q (its rows at query_offset..) and K (the memory's rows at 0..); the
+    /// settings' own first_position is not read.
+    std::optional<RopeSettings> rope{};
+    std::size_t window = 0;  ///< causal sliding window of this many keys (Mistral's; 0: none)
+    bool alibi = false;      ///< ALiBi's per-head linear bias on the scores (models/masks.hpp)
+
+    std::size_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
+};
+
+/// The keys (rotated, when the attention uses rope) and values of the positions so far, per
+/// head: [B, H_kv, S, dh] and [B, H_kv, S, dv] (empty before the first call).
+template <Scalar T>
+struct KeyValueCache {
+    Tensor<T> K, V;
+    std::size_t length = 0;  ///< S
 };
 
 template <Scalar T>
@@ -84,30 +110,44 @@ void check_multihead(const Var<T>& X_query, const Var<T>& X_memory, const MultiH
         throw shape_error(fmt::format("{}: X_query {} and X_memory {} need one model width D", where, xq.to_string(),
                                       xm.to_string()));
     }
-    const std::size_t D = xq.cols(), H = options.heads;
+    const std::size_t D = xq.cols(), H = options.heads, H_kv = options.key_value_heads();
     if (H == 0) throw shape_error(fmt::format("{}: heads must be at least 1", where));
-    for (const auto& [name, W] : {std::pair{"W_Q", w.W_Q}, std::pair{"W_K", w.W_K}, std::pair{"W_V", w.W_V}}) {
+    if (H % H_kv != 0) {
+        throw shape_error(fmt::format("{}: {} key/value heads do not divide {} query heads", where, H_kv, H));
+    }
+    for (const auto& [name, W, n] : {std::tuple{"W_Q", w.W_Q, H}, std::tuple{"W_K", w.W_K, H_kv},
+                                     std::tuple{"W_V", w.W_V, H_kv}}) {
         checks::matrix(where, name, W);
-        if (W.shape().rank() != 2 || W.shape().rows() != D || W.shape().cols() % H != 0) {
+        if (W.shape().rank() != 2 || W.shape().rows() != D || W.shape().cols() % n != 0) {
             throw shape_error(fmt::format("{}: {} is {}; it must be [{} × a multiple of {} heads]", where, name,
-                                          W.shape().to_string(), D, H));
+                                          W.shape().to_string(), D, n));
         }
     }
-    if (w.W_Q.shape().cols() != w.W_K.shape().cols()) {
-        throw shape_error(fmt::format("{}: W_Q {} and W_K {} need one width", where, w.W_Q.shape().to_string(),
-                                      w.W_K.shape().to_string()));
+    if (w.W_Q.shape().cols() / H != w.W_K.shape().cols() / H_kv) {
+        throw shape_error(fmt::format("{}: W_Q {} over {} heads and W_K {} over {} heads need one head width", where,
+                                      w.W_Q.shape().to_string(), H, w.W_K.shape().to_string(), H_kv));
     }
     checks::matrix(where, "W_O", w.W_O);
-    if (w.W_O.shape().rank() != 2 || w.W_O.shape().rows() != w.W_V.shape().cols()) {
+    const std::size_t merged = w.W_V.shape().cols() / H_kv * H;  // H heads of W_V's head width
+    if (w.W_O.shape().rank() != 2 || w.W_O.shape().rows() != merged) {
         throw shape_error(fmt::format("{}: W_O is {}; it needs {} rows (the merged heads' width, W_V is {})", where,
-                                      w.W_O.shape().to_string(), w.W_V.shape().cols(), w.W_V.shape().to_string()));
+                                      w.W_O.shape().to_string(), merged, w.W_V.shape().to_string()));
     }
     if (!options.lengths.empty() && (xq.rank() != 3 || options.lengths.size() != xq[0])) {
         throw shape_error(fmt::format("{}: {} sequence lengths for X_query {}; give one length per sequence of a "
                                       "[B, T, D] batch",
                                       where, options.lengths.size(), xq.to_string()));
     }
+    if (options.window != 0 && (!options.causal || !options.lengths.empty())) {
+        throw usage_error(fmt::format("{}: a sliding window (window {}) is causal, without padding lengths", where,
+                                      options.window));
+    }
     if (options.kernel == AttentionKernel::fused) {
+        if (options.window != 0 || options.alibi) {
+            throw usage_error(fmt::format("{}: the fused kernel supports causal masking and query_offset only; "
+                                          "ALiBi and sliding windows need AttentionKernel::composed",
+                                          where));
+        }
         if (!options.lengths.empty()) {
             throw usage_error(fmt::format("{}: the fused kernel supports causal masking and query_offset only; "
                                           "padding (lengths) needs AttentionKernel::composed",
@@ -123,42 +163,97 @@ void check_multihead(const Var<T>& X_query, const Var<T>& X_memory, const MultiH
 
 }  // namespace detail
 
-/// Queries from X_query, keys and values from X_memory (the history, for the key-value cache case).
+namespace detail {
+
+/// The memory's key or value heads: projected, split into the key/value heads, keys rotated at the
+/// absolute positions first.. when the attention uses rope.
 template <Scalar T>
-MultiHeadResult<T> multihead_attention(const Var<T>& X_query, const Var<T>& X_memory, const MultiHeadWeights<T>& w,
-                                       const MultiHeadOptions& options) {
-    detail::check_multihead(X_query, X_memory, w, options);
-    const std::size_t H = options.heads;
-    const std::size_t Tq = X_query.shape().rows(), Tk = X_memory.shape().rows();
-    // Positions matter only to causality and padding; plain attention takes any Tq and Tk.
-    if (options.causal || !options.lengths.empty()) {
-        detail::check_block("multihead_attention", Tq, Tk, options.query_offset);
+Var<T> key_value_heads(const Var<T>& X, const Var<T>& W, const MultiHeadOptions& options, std::size_t first,
+                       bool keys) {
+    Var<T> heads = split_heads(matmul(X, W), options.key_value_heads());
+    if (keys && options.rope) heads = rope(heads, {options.rope->base, options.rope->pairing, first});
+    return heads.named(keys ? "K heads" : "V heads");
+}
+
+/// The cached rows followed by `own` along time, which the cache then holds.
+template <Scalar T>
+Var<T> after_cached(const Var<T>& own, Tensor<T>& cached) {
+    if (cached.size() == 0) {
+        cached = own.value();
+        return own;
     }
+    const Var<T> all = concat({own.tape().constant(cached, "key/value cache"), own}, -2);
+    cached = all.value();
+    return all;
+}
 
-    const Var<T> Q = split_heads(matmul(X_query, w.W_Q), H).named("Q heads");
-    const Var<T> K = split_heads(matmul(X_memory, w.W_K), H).named("K heads");
-    const Var<T> V = split_heads(matmul(X_memory, w.W_V), H).named("V heads");
-
-    MultiHeadResult<T> result{Q, K, V, {}, {}, {}};
+/// Each query head's softmax(Q·Kᵀ/√d)·V, through the kernel the options name; K and V already
+/// hold a head per query head.
+template <Scalar T>
+void attend_per_head(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const MultiHeadOptions& options,
+                     MultiHeadResult<T>& result) {
+    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
     if (options.kernel == AttentionKernel::fused) {
         result.O = fused_attention(Q, K, V, options.causal, options.causal ? options.query_offset : 0);
-    } else {
-        const Tensor<double> M =
-            !options.lengths.empty()
-                ? padding_mask(options.lengths, Tq, Tk, options.query_offset, options.causal, H)
-                : (options.causal ? causal_mask(Tq, Tk, options.query_offset) : Tensor<double>(Shape{Tq, Tk}, 1.0));
-        const AttentionResult<T> heads = masked_attention(Q, K, V, M, options.dropout);
-        result.A = heads.A;
-        result.O = heads.O;
+        return;
     }
+    const Tensor<double> M = !options.lengths.empty()
+                                 ? padding_mask(options.lengths, Tq, Tk, options.query_offset, options.causal,
+                                                options.heads)
+                                 : (options.causal ? causal_mask(Tq, Tk, options.query_offset, options.window)
+                                                   : Tensor<double>(Shape{Tq, Tk}, 1.0));
+    const std::optional<Tensor<double>> bias =
+        options.alibi ? std::optional(alibi_bias(options.heads, Tq, Tk, options.query_offset)) : std::nullopt;
+    const AttentionResult<T> heads = masked_attention(Q, K, V, M, options.dropout, bias ? &*bias : nullptr);
+    result.A = heads.A;
+    result.O = heads.O;
+}
+
+template <Scalar T>
+MultiHeadResult<T> attend(const Var<T>& X_query, const Var<T>& X_memory, const MultiHeadWeights<T>& w,
+                          const MultiHeadOptions& options, KeyValueCache<T>* cache) {
+    check_multihead(X_query, X_memory, w, options);
+    const std::size_t H = options.heads, H_kv = options.key_value_heads(), first_key = cache ? cache->length : 0;
+    if (cache && options.query_offset != cache->length) {
+        throw usage_error(fmt::format("multihead_attention: query_offset {} but the key/value cache holds {} positions",
+                                      options.query_offset, cache->length));
+    }
+    Var<T> Q = split_heads(matmul(X_query, w.W_Q), H);
+    if (options.rope) Q = rope(Q, {options.rope->base, options.rope->pairing, options.query_offset});
+    Var<T> K = key_value_heads(X_memory, w.W_K, options, first_key, true);
+    Var<T> V = key_value_heads(X_memory, w.W_V, options, first_key, false);
+    if (cache) {
+        K = after_cached(K, cache->K);
+        V = after_cached(V, cache->V);
+        cache->length = K.shape().rows();
+    }
+    // Positions matter only to causality and padding; plain attention takes any Tq and Tk.
+    if (options.causal || !options.lengths.empty()) {
+        check_block("multihead_attention", Q.shape().rows(), K.shape().rows(), options.query_offset);
+    }
+    MultiHeadResult<T> result{Q.named("Q heads"), K, V, {}, {}, {}};
+    const Var<T> K_all = H_kv == H ? K : repeat_heads(K, H / H_kv), V_all = H_kv == H ? V : repeat_heads(V, H / H_kv);
+    attend_per_head(result.Q, K_all, V_all, options, result);
     result.Y = matmul(merge_heads(result.O), w.W_O).named("Y");
     return result;
 }
 
-/// Self-attention: queries, keys and values all from X.
+}  // namespace detail
+
+/// Queries from X_query, keys and values from X_memory (the history, for the key-value cache case).
 template <Scalar T>
-MultiHeadResult<T> multihead_attention(const Var<T>& X, const MultiHeadWeights<T>& w, const MultiHeadOptions& options) {
-    return multihead_attention(X, X, w, options);
+MultiHeadResult<T> multihead_attention(const Var<T>& X_query, const Var<T>& X_memory, const MultiHeadWeights<T>& w,
+                                       const MultiHeadOptions& options) {
+    return detail::attend<T>(X_query, X_memory, w, options, nullptr);
+}
+
+/// Self-attention: queries, keys and values all from X. With a cache, keys and values are those it
+/// holds followed by X's own (whose positions start at options.query_offset, which must be the
+/// cache's length), and the cache then holds them all.
+template <Scalar T>
+MultiHeadResult<T> multihead_attention(const Var<T>& X, const MultiHeadWeights<T>& w, const MultiHeadOptions& options,
+                                       KeyValueCache<T>* cache = nullptr) {
+    return detail::attend(X, X, w, options, cache);
 }
 
 }  // namespace tapegrad

@@ -101,6 +101,15 @@ struct RopeBackwardOtherPairing : Rope {
     }
 };
 
+// A fused RoPE that cuts the graph: the rotation applied forward, no gradient through it (dX = 0).
+struct RopeCuttingTheGraph : Rope {
+    static constexpr std::string_view name = "rope with no gradient (the graph cut)";
+    template <Scalar T>
+    static void vjp(const Settings<T>&, const VjpArgs<T>&, std::size_t, Tensor<T>& dX) {
+        dX.fill(T(0));
+    }
+};
+
 // Grouped-query attention's wrong dK, dV: one member of the group's gradient (r = 0), or their mean.
 template <bool mean>
 struct RepeatHeadsWrongGroupSum : RepeatHeads {
@@ -123,7 +132,8 @@ struct RepeatHeadsWrongGroupSum : RepeatHeads {
 const bool faults_registered =
     register_siblings<RmsNormWithoutGainInBackward>() && register_siblings<RmsNormScaleAsConstant>() &&
     register_siblings<SiluWithoutGateSlope>() && register_siblings<RopeBackwardForward>() &&
-    register_siblings<RopeBackwardOtherPairing>() && register_siblings<RepeatHeadsWrongGroupSum<true>>() &&
+    register_siblings<RopeBackwardOtherPairing>() && register_siblings<RopeCuttingTheGraph>() &&
+    register_siblings<RepeatHeadsWrongGroupSum<true>>() &&
     register_siblings<RepeatHeadsWrongGroupSum<false>>();
 
 bool mentions(const std::string& text, const std::string& words) { return text.find(words) != std::string::npos; }
@@ -167,6 +177,9 @@ BOOST_AUTO_TEST_CASE(published_wrong_gradients_are_rejected) {
                            Shape{2, 3, 8}));
         BOOST_TEST(rejects([pairing](auto in) { return rope(in[0], rope_at(pairing, 3, 10)); },
                            [&](auto in) { return in[0].tape().template record<RopeBackwardOtherPairing>({in[0]}, settings(in)); },
+                           Shape{2, 3, 8}));
+        BOOST_TEST(rejects([pairing](auto in) { return rope(in[0], rope_at(pairing, 3, 10)); },
+                           [&](auto in) { return in[0].tape().template record<RopeCuttingTheGraph>({in[0]}, settings(in)); },
                            Shape{2, 3, 8}));
     }
     BOOST_TEST(rejects([](auto in) { return repeat_heads(in[0], 3); },

@@ -263,3 +263,139 @@ BOOST_AUTO_TEST_CASE(the_whole_retrieval_model_passes_the_checker) {
     BOOST_TEST(quick.passed, quick.summary());
     std::cout << "retrieval model (default size) fast check: " << quick.summary() << "\n";
 }
+
+// ---- Grouped-query attention, RoPE, ALiBi and sliding windows (composed kernel) ----
+
+namespace {
+
+// Multi-head attention written out loop by loop from its definition, independent of the ops:
+// per head h (key/value head ⌊h/g⌋), query i at position p = i, scores q·k/√dh + b, the keys
+// p − w < j ≤ p visible (all j ≤ p without a window), softmax, times V, merged, times W_O. No RoPE.
+// `slopes` gives ALiBi's bias b = −m_h·(p − j) (empty: none).
+Tensor<double> reference_attention(const Tensor<double>& X, const std::array<Tensor<double>, 4>& W, std::size_t H,
+                                   std::size_t H_kv, std::size_t window, const std::vector<double>& slopes) {
+    const std::size_t T = X.rows(), D = X.cols(), dh = W[0].cols() / H, g = H / H_kv;
+    Tensor<double> merged(Shape{T, H * dh}, 0.0);
+    for (std::size_t h = 0; h < H; ++h) {
+        const std::size_t kv = h / g;
+        const auto project = [&](const Tensor<double>& Wm, std::size_t head, std::size_t t, std::size_t c) {
+            double s = 0;
+            for (std::size_t e = 0; e < D; ++e) s += X(t, e) * Wm(e, head * dh + c);
+            return s;
+        };
+        for (std::size_t i = 0; i < T; ++i) {
+            std::vector<double> weights(T, 0.0);
+            double largest = -1e300, total = 0;
+            const auto visible = [&](std::size_t j) { return j <= i && (window == 0 || i - j < window); };
+            for (std::size_t j = 0; j < T; ++j) {
+                if (!visible(j)) continue;
+                double s = 0;
+                for (std::size_t c = 0; c < dh; ++c) s += project(W[0], h, i, c) * project(W[1], kv, j, c);
+                weights[j] = s / std::sqrt(static_cast<double>(dh)) -
+                             (slopes.empty() ? 0.0 : slopes[h] * static_cast<double>(i - j));
+                largest = std::max(largest, weights[j]);
+            }
+            for (std::size_t j = 0; j < T; ++j) total += visible(j) ? std::exp(weights[j] - largest) : 0.0;
+            for (std::size_t j = 0; j < T; ++j) {
+                if (!visible(j)) continue;
+                const double a = std::exp(weights[j] - largest) / total;
+                for (std::size_t c = 0; c < dh; ++c) merged(i, h * dh + c) += a * project(W[2], kv, j, c);
+            }
+        }
+    }
+    Tensor<double> Y(Shape{T, W[3].cols()}, 0.0);
+    for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t o = 0; o < W[3].cols(); ++o)
+            for (std::size_t e = 0; e < H * dh; ++e) Y(t, o) += merged(t, e) * W[3](e, o);
+    return Y;
+}
+
+double largest_difference(const Tensor<double>& a, const Tensor<double>& b) {
+    double gap = 0;
+    for (std::size_t k = 0; k < a.size(); ++k) gap = std::max(gap, std::abs(a[k] - b[k]));
+    return gap;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(alibi_slopes_are_the_papers) {
+    const std::vector<double> eight = alibi_slopes(8), six = alibi_slopes(6);
+    for (std::size_t h = 0; h < 8; ++h) BOOST_TEST(eight[h] == std::exp2(-1.0 * static_cast<double>(h + 1)));
+    // 6 heads: the 4 of 2^(−8h/4), then 2^(−1) and 2^(−3) of the 8-head series (BLOOM's rule).
+    const std::vector<double> expected{0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125};
+    BOOST_TEST(six == expected, boost::test_tools::per_element());
+}
+
+// The composed attention with grouped-query heads, ALiBi and a sliding window against the loop
+// reference (1e-13: one computation in two summation orders), and controls: the reference with
+// the slopes reversed or their sign flipped, or with the window one key wider or narrower,
+// differs from it by far (the comparison can
+// fail, and fails for the published mistakes).
+BOOST_AUTO_TEST_CASE(grouped_query_alibi_and_a_window_match_their_definition) {
+    std::mt19937_64 rng(77);
+    const std::size_t T = 7, D = 8, H = 4, H_kv = 2, dh = 2, window = 3;
+    const Tensor<double> x = random_tensor(Shape{T, D}, rng);
+    const std::array<Tensor<double>, 4> W{random_tensor(Shape{D, H * dh}, rng), random_tensor(Shape{D, H_kv * dh}, rng),
+                                          random_tensor(Shape{D, H_kv * dh}, rng), random_tensor(Shape{H * dh, D}, rng)};
+    Tape<double> tape;
+    const MultiHeadWeights<double> w{tape.leaf(W[0]), tape.leaf(W[1]), tape.leaf(W[2]), tape.leaf(W[3])};
+    MultiHeadOptions options;
+    options.heads = H, options.kv_heads = H_kv, options.window = window, options.alibi = true;
+    const Tensor<double> ours = multihead_attention(tape.leaf(x), w, options).Y.value();
+    std::vector<double> slopes = alibi_slopes(H);
+    BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window, slopes)) <= 1e-13);
+    std::vector<double> reversed(slopes.rbegin(), slopes.rend());
+    BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window, reversed)) > 1e-3);
+    std::vector<double> flipped;  // the bias's sign flipped: +m·(p − j), farther keys weighing more
+    for (const double m : slopes) flipped.push_back(-m);
+    BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window, flipped)) > 1e-3);
+    BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window + 1, slopes)) > 1e-3);
+    BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window - 1, slopes)) > 1e-3);
+    // Without ALiBi, and with every key visible, it is the reference's plain GQA.
+    options.alibi = false, options.window = 0;
+    const Tensor<double> plain = multihead_attention(tape.leaf(x), w, options).Y.value();
+    BOOST_TEST(largest_difference(plain, reference_attention(x, W, H, H_kv, 0, {})) <= 1e-13);
+}
+
+// The same attention (with RoPE too) through the 50-digit checker over X and the four weights.
+BOOST_AUTO_TEST_CASE(grouped_query_rope_alibi_and_a_window_pass_the_full_check) {
+    std::mt19937_64 rng(78);
+    const std::size_t B = 2, T = 5, D = 8, H = 4, H_kv = 2, dh = 2;
+    const NamedTensor leaves[] = {{"X", random_tensor(Shape{B, T, D}, rng)},
+                                  {"W_Q", random_tensor(Shape{D, H * dh}, rng)},
+                                  {"W_K", random_tensor(Shape{D, H_kv * dh}, rng)},
+                                  {"W_V", random_tensor(Shape{D, H_kv * dh}, rng)},
+                                  {"W_O", random_tensor(Shape{H * dh, D}, rng)}};
+    for (const bool alibi : {false, true}) {
+        const CheckReport report = check_gradients(
+            [alibi](auto in) {
+                MultiHeadOptions options;
+                options.heads = H, options.kv_heads = H_kv, options.window = 3, options.alibi = alibi;
+                options.rope = RopeSettings{.base = 100};
+                return probe(multihead_attention(in[0], {in[1], in[2], in[3], in[4]}, options).Y);
+            },
+            leaves);
+        BOOST_TEST(report.passed, report.summary());
+        BOOST_TEST(report.max_error_mp <= 1e-25);
+        BOOST_TEST_MESSAGE((alibi ? "GQA + RoPE + ALiBi + window 3: " : "GQA + RoPE + window 3: ") << report.summary());
+    }
+}
+
+BOOST_AUTO_TEST_CASE(alibi_and_windows_refuse_what_they_cannot_do) {
+    Tape<double> tape;
+    std::mt19937_64 rng(79);
+    const Var<double> X = tape.leaf(random_tensor(Shape{3, 4}, rng));
+    const Var<double> W = tape.leaf(random_tensor(Shape{4, 4}, rng));
+    MultiHeadOptions options;
+    options.heads = 2, options.alibi = true, options.kernel = AttentionKernel::fused;
+    BOOST_TEST(testing::message_of<usage_error>([&] { (void)multihead_attention(X, {W, W, W, W}, options); })
+                   .find("ALiBi and sliding windows need AttentionKernel::composed") != std::string::npos);
+    options.kernel = AttentionKernel::composed, options.alibi = false, options.window = 2, options.causal = false;
+    BOOST_TEST(testing::message_of<usage_error>([&] { (void)multihead_attention(X, {W, W, W, W}, options); })
+                   .find("a sliding window (window 2) is causal") != std::string::npos);
+    options.causal = true, options.kv_heads = 3;
+    BOOST_TEST(testing::message_of<shape_error>([&] { (void)multihead_attention(X, {W, W, W, W}, options); })
+                   .find("3 key/value heads do not divide 2 query heads") != std::string::npos);
+    BOOST_TEST(testing::message_of<shape_error>([] { (void)alibi_slopes(0); }).find("heads must be at least 1") !=
+               std::string::npos);
+}

@@ -5,10 +5,14 @@
 // PyTorch's own modules and asserts agreement. The cases: multi-head attention (both kernels;
 // causal with a query offset; padding; self- and cross-attention), the retrieval model (both
 // kernels, and 20 Adam steps), one transformer block (both kernels, both GELU forms), the whole
-// transformer's logits (both kernels), and 20 steps of the char-LM's own training step
-// (CharLmTrainer: AdamW, warm-up + cosine, clipping).
-//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping]
+// transformer's logits (both kernels), 20 steps of the char-LM's own training step
+// (CharLmTrainer: AdamW, warm-up + cosine, clipping), and six AdamW steps of the LLaMA-style
+// decoder (grouped-query, multi-query and multi-head; both RoPE pairings; tied and untied).
+//   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping|
+//                                          rope_other_pairing|gqa_without_group_sum]
 //          dump_models OUTPUT_DIR --charlm-default STEPS   (only the example's default char-LM run)
+//          dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F tied|untied PAIRING
+//                                 (the decoder's logits from a weights file PyTorch's side wrote)
 // The whole output is written under a temporary name and renamed into place at the end, so
 // OUTPUT_DIR holds either a complete dump or nothing new.
 // --fault is test-only: it perturbs what some cases compute (while their meta.json still states
@@ -18,7 +22,12 @@
 //   flip_scale           scores scaled by √dh instead of 1/√dh (W_Q multiplied by dh on the tape)
 //   nudge_learning_rate  training with a learning rate 1e-6 (relative) too high
 //   skip_clipping        char-LM training without gradient clipping
+//   rope_other_pairing   the decoder's RoPE pairing the other convention's features
+//   gqa_without_group_sum  the decoder's dK, dV of each key/value head taken from one query head
+//                        of its group instead of summed over the group
 #include "models/charlm.hpp"
+#include "models/llama.hpp"
+#include "models/llama_weights.hpp"
 #include "models/retrieval.hpp"
 #include "io/npy.hpp"
 #include "tapegrad.hpp"
@@ -42,13 +51,16 @@ namespace {
 namespace fs = std::filesystem;
 using namespace tapegrad;
 
-enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping };
+enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping, rope_other_pairing,
+                   gqa_without_group_sum };
 
 const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"drop_mask", Fault::drop_mask},
                                                {"flip_scale", Fault::flip_scale},
                                                {"nudge_learning_rate", Fault::nudge_learning_rate},
-                                               {"skip_clipping", Fault::skip_clipping}};
+                                               {"skip_clipping", Fault::skip_clipping},
+                                               {"rope_other_pairing", Fault::rope_other_pairing},
+                                               {"gqa_without_group_sum", Fault::gqa_without_group_sum}};
 
 // One case's output: its files (name -> tensor) and the JSON members describing its model.
 struct Dump {
@@ -446,6 +458,149 @@ Dump charlm_default_case(std::size_t steps) {
     return dump;
 }
 
+// ---- The LLaMA-style decoder (models/llama.hpp) ---------------------------------------------------
+
+void describe_llama(Dump& dump, const LlamaConfig& c) {
+    dump.describe("layers", fmt::format("{}", c.layers));
+    dump.describe("width", fmt::format("{}", c.width));
+    dump.describe("heads", fmt::format("{}", c.heads));
+    dump.describe("kv_heads", fmt::format("{}", c.kv_heads));
+    dump.describe("hidden", fmt::format("{}", c.hidden));
+    dump.describe("vocabulary", fmt::format("{}", c.vocabulary));
+    dump.describe("tied", c.tied ? "true" : "false");
+    dump.describe("rms_epsilon", fmt::format("{}", c.rms_norm.epsilon));
+    dump.describe("rope_base", fmt::format("{}", c.rope_base));
+    dump.describe("rope_pairing", fmt::format("\"{}\"", rope_pairing_names[std::size_t(c.rope_pairing)]));
+    dump.describe("parameter_names", fmt::format("[\"{}\"]", fmt::join(parameter_names(c), "\", \"")));
+}
+
+// W [D × H_kv·dh] widened to [D × H·dh]: query head h's columns are key/value head ⌊h/g⌋'s.
+Tensor<double> widen_heads(const Tensor<double>& W, std::size_t groups, std::size_t dh) {
+    const std::size_t D = W.rows(), kv = W.cols() / dh;
+    Tensor<double> wide(Shape{D, kv * groups * dh});
+    for (std::size_t i = 0; i < D; ++i)
+        for (std::size_t h = 0; h < kv * groups; ++h)
+            for (std::size_t c = 0; c < dh; ++c) wide(i, h * dh + c) = W(i, (h / groups) * dh + c);
+    return wide;
+}
+
+// The gradient of a widened W back at [D × H_kv·dh], from the first query head of each group only.
+Tensor<double> first_of_each_group(const Tensor<double>& wide, std::size_t groups, std::size_t dh) {
+    const std::size_t D = wide.rows(), kv = wide.cols() / dh / groups;
+    Tensor<double> narrow(Shape{D, kv * dh});
+    for (std::size_t i = 0; i < D; ++i)
+        for (std::size_t k = 0; k < kv; ++k)
+            for (std::size_t c = 0; c < dh; ++c) narrow(i, k * dh + c) = wide(i, k * groups * dh + c);
+    return narrow;
+}
+
+// The decoder's loss on one batch and every parameter's gradient. Under `without_group_sum` the
+// model runs as multi-head attention with each key/value head repeated into its group's query
+// heads (the same forward), and each key/value head's gradient is its group's first query head's:
+// the GQA kernels' dK, dV without the sum over the group.
+double llama_gradients(const LlamaConfig& c, const std::vector<Tensor<double>>& values,
+                       std::span<const std::size_t> tokens, std::span<const std::size_t> targets, std::size_t B,
+                       bool without_group_sum, std::vector<Tensor<double>>& gradients) {
+    LlamaConfig run = c;
+    std::vector<Tensor<double>> used = values;
+    const std::vector<std::string> names = parameter_names(c);
+    const std::size_t groups = c.heads / c.kv_heads, dh = c.head_width();
+    if (without_group_sum) {
+        run.kv_heads = c.heads;
+        for (std::size_t i = 0; i < names.size(); ++i)
+            if (names[i].ends_with("W_K") || names[i].ends_with("W_V")) used[i] = widen_heads(values[i], groups, dh);
+    }
+    Tape<double> tape;
+    const auto p = LlamaVars<double>::record(tape, used, run);
+    const Var<double> J = llama_loss(p, run, tokens, targets, B);
+    tape.backward(J);
+    const std::vector<Var<double>> leaves = p.all();
+    gradients.clear();
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        const bool widened = without_group_sum && (names[i].ends_with("W_K") || names[i].ends_with("W_V"));
+        gradients.push_back(widened ? first_of_each_group(leaves[i].grad(), groups, dh) : leaves[i].grad());
+    }
+    return J.value().item();
+}
+
+// Six AdamW steps of a small decoder from generic parameters on seeded batches: the start's
+// gradients, each step's loss, the final parameters.
+Dump llama_training_case(RopePairing pairing, std::size_t kv_heads, bool tied, Fault fault, std::uint64_t seed) {
+    constexpr std::size_t steps = 6, B = 2;
+    LlamaConfig c{.vocabulary = 11, .context = 8, .width = 16, .heads = 4, .kv_heads = kv_heads, .layers = 2,
+                  .hidden = 24, .tied = tied};
+    c.rope_pairing = pairing;
+    const AdamSettings adam{.learning_rate = 1e-2, .weight_decay = 0.1};
+    Dump dump;
+    dump.describe("model", "\"llama_training\"");
+    describe_llama(dump, c);
+    dump.describe("steps", fmt::format("{}", steps));
+    dump.describe("optimizer", fmt::format("{{\"learning_rate\": {}, \"beta1\": {}, \"beta2\": {}, \"epsilon\": {}, "
+                                           "\"weight_decay\": {}}}",
+                                           adam.learning_rate, adam.beta1, adam.beta2, adam.epsilon, adam.weight_decay));
+    LlamaConfig actual = c;
+    if (fault == Fault::rope_other_pairing) {
+        actual.rope_pairing = pairing == RopePairing::interleaved ? RopePairing::halves : RopePairing::interleaved;
+        dump.fault_applied = true;
+    }
+    const bool without_group_sum = fault == Fault::gqa_without_group_sum && kv_heads < c.heads;
+    dump.fault_applied = dump.fault_applied || without_group_sum;
+
+    std::mt19937_64 generator(seed);
+    std::vector<Tensor<double>> values;
+    const std::vector<std::string> names = parameter_names(c);
+    for (const Shape& shape : parameter_shapes(c)) {
+        // Matrices keep their input's variance; gains lie in [0.5, 1.5).
+        const double spread = shape.rank() == 2 ? std::sqrt(3.0 / static_cast<double>(shape[0])) : 0.5;
+        Tensor<double> t = uniform(shape, spread, generator);
+        if (shape.rank() == 1)
+            for (double& x : t.data()) x += 1.0;
+        values.push_back(std::move(t));
+    }
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("initial." + names[i], values[i]);
+    Tensor<double> tokens(Shape{steps, B, c.context}), targets(tokens.shape()), losses(Shape{steps});
+    for (double& t : tokens.data()) t = static_cast<double>(draw_below(generator, c.vocabulary));
+    for (double& t : targets.data()) t = static_cast<double>(draw_below(generator, c.vocabulary));
+    BasicAdam<double> optimizer(adam);
+    for (std::size_t step = 0; step < steps; ++step) {
+        std::vector<std::size_t> x(B * c.context), y(B * c.context);
+        for (std::size_t k = 0; k < x.size(); ++k) {
+            x[k] = static_cast<std::size_t>(tokens[step * x.size() + k]);
+            y[k] = static_cast<std::size_t>(targets[step * x.size() + k]);
+        }
+        std::vector<Tensor<double>> gradients;
+        losses[step] = llama_gradients(actual, values, x, y, B, without_group_sum, gradients);
+        if (step == 0)
+            for (std::size_t i = 0; i < names.size(); ++i) dump.add("d." + names[i], gradients[i]);
+        std::vector<Tensor<double>*> parameters;
+        std::vector<const Tensor<double>*> grads;
+        for (std::size_t i = 0; i < values.size(); ++i) parameters.push_back(&values[i]), grads.push_back(&gradients[i]);
+        optimizer.step(parameters, grads);
+    }
+    dump.add("tokens", tokens);
+    dump.add("targets", targets);
+    dump.add("losses", losses);
+    for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], values[i]);
+    return dump;
+}
+
+// The decoder's logits for the tokens in TOKENS.npy ([B, T]) from a safetensors file of its weights
+// under Hugging Face's names (written by cross_check.py from the PyTorch model), into LOGITS.npy.
+//   dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F tied|untied PAIRING
+int llama_logits_from_file(char** argv) {
+    const Tensor<double> token_values = load_npy(argv[4]);
+    LlamaConfig c{.vocabulary = std::stoul(argv[5]), .context = token_values.cols(), .width = std::stoul(argv[6]),
+                  .heads = std::stoul(argv[7]), .kv_heads = std::stoul(argv[8]), .layers = std::stoul(argv[9]),
+                  .hidden = std::stoul(argv[10]), .tied = std::string_view(argv[11]) == "tied"};
+    c.rope_pairing = std::string_view(argv[12]) == "halves" ? RopePairing::halves : RopePairing::interleaved;
+    std::vector<std::size_t> tokens;
+    for (const double t : token_values.data()) tokens.push_back(static_cast<std::size_t>(t));
+    Tape<double> tape;
+    const auto p = LlamaVars<double>::record(tape, llama_parameters_from(load_safetensors(argv[3]), c), c);
+    save_npy(argv[1], llama_logits(p, c, std::span<const std::size_t>(tokens), token_values.rows()).value());
+    return 0;
+}
+
 // ---- Writing ------------------------------------------------------------------------------------
 
 void write_case(const fs::path& dir, const Dump& dump) {
@@ -485,6 +640,9 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
     cases.emplace_back("transformer_logits_composed", transformer_logits_case(K::composed, fault, 310));
     cases.emplace_back("transformer_logits_fused", transformer_logits_case(K::fused, fault, 311));
     cases.emplace_back("charlm_training", charlm_training_case(scratch, fault));
+    cases.emplace_back("llama_gqa_interleaved", llama_training_case(RopePairing::interleaved, 2, false, fault, 400));
+    cases.emplace_back("llama_mqa_halves_tied", llama_training_case(RopePairing::halves, 1, true, fault, 401));
+    cases.emplace_back("llama_mha_halves", llama_training_case(RopePairing::halves, 4, false, fault, 402));
     return cases;
 }
 
@@ -492,7 +650,18 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
 
 int main(int argc, char** argv) {
     const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|"
-                              "skip_clipping]\n       dump_models OUTPUT_DIR --charlm-default STEPS";
+                              "skip_clipping|rope_other_pairing|gqa_without_group_sum]\n"
+                              "       dump_models OUTPUT_DIR --charlm-default STEPS\n"
+                              "       dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F "
+                              "tied|untied PAIRING";
+    if (argc == 13 && std::string_view(argv[2]) == "--llama-logits") {
+        try {
+            return llama_logits_from_file(argv);
+        } catch (const std::exception& e) {
+            fmt::print(stderr, "dump_models: {}\n", e.what());
+            return 1;
+        }
+    }
     const std::string option = argc == 4 ? argv[2] : "";
     if (argc != 2 && !(argc == 4 && (option == "--fault" || option == "--charlm-default"))) {
         fmt::print(stderr, "{}\n", usage);
