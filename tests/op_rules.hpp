@@ -1075,7 +1075,7 @@ inline std::string describe(const Recipe& recipe) {
     } catch (const std::exception& e) {
         refused = fmt::format(" refused: {}", e.what());
     }
-    const auto name = [&tape](std::uint32_t i) {
+    const auto name = [](std::uint32_t i) {
         return i < leaf_count ? fmt::format("x{}", i) : fmt::format("n{}", i);
     };
     for (std::uint32_t i = leaf_count; i < tape.size(); ++i) {

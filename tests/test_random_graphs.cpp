@@ -1,17 +1,18 @@
 // Random-graph testing: a seeded generator composes random chains and DAGs of every public op
-// (ops/*.hpp: one rule per op in tests/op_rules.hpp, 41 today) on random compatible shapes, each
-// op with its argument constraints: inputs at least 0.3 for log and sqrt and at least 0.5 for reciprocal, a divisor and
-// a fractional or negative power; broadcastable shapes for add, sub, mul and div; axes in range for
-// the reductions, concat, slice and permute; valid indices for embedding and cross-entropy; a fixed
-// keep-mask (or a generator seeded in the graph) for dropout. Values are shared and reused (x·x,
-// a + a, one value feeding several ops). Each value carries an interval holding it (computed by
-// interval arithmetic from the leaves' domains), which is what the constraints are checked on and
-// what keeps every value within ±10 (so the checker's derivation, |J'''| ≤ 1e3, holds). Kinks (abs,
-// relu, clamp at a bound, max at a tie) are avoided: the generator looks at the input's values and
-// refuses one within 1e-6 of a kink (see op_rules.hpp's kink_distance). Should the checker still classify a
-// coordinate as at a kink (check/report.hpp), that graph gets no second-order check (those checks
-// assume smooth points). Every value no later step uses is an output: Y is that value, or the outputs flattened
-// and concatenated, and J = probe(Y) = Σ Y ∘ G.
+// (ops/*.hpp: one rule per op in tests/op_rules.hpp, 45 today) on random compatible shapes, each
+// op with its argument constraints: inputs at least 0.3 for log and sqrt and at least 0.5 for
+// reciprocal, a divisor and a fractional or negative power; broadcastable shapes for add, sub, mul
+// and div; axes in range for the reductions, concat, slice and permute; valid indices for
+// embedding and cross-entropy; a fixed keep-mask (or a generator seeded in the graph) for dropout.
+// Values are shared and reused (x·x, a + a, one value feeding several ops). Each value carries an
+// interval holding it (computed by interval arithmetic from the leaves' domains), which is what
+// the constraints are checked on and what keeps every value within ±10 (so the checker's
+// derivation, |J'''| ≤ 1e3, holds). Kinks (abs, relu, clamp at a bound, max at a tie) are avoided:
+// the generator looks at the input's values and refuses one within 1e-6 of a kink (see
+// op_rules.hpp's kink_distance). Should the checker still classify a coordinate as at a kink
+// (check/report.hpp), that graph gets no second-order check (those checks assume smooth points).
+// Every value no later step uses is an output: Y is that value, or the outputs flattened and
+// concatenated, and J = probe(Y) = Σ Y ∘ G.
 //
 // Every graph goes through the full 50-digit checker; every third graph (seed ≡ 0 mod 3) without a
 // kink also through the JVP check on Y and the HVP check on J (check/second_order.hpp, default
@@ -19,9 +20,9 @@
 // each op was drawn; from 300 graphs, every public function must have been drawn and every op
 // struct of LibraryOps (ops/all.hpp) recorded on those tapes (a missing one is named).
 //
-// CI runs 500 graphs (4.8 s for the whole file in Release on the 2-core host of 2026-12-02). More,
-// or other seeds (5,000 at seed 270000: 0 failures, every op drawn at least 309 times, JVP and HVP
-// on 1,667, 39 s there):
+// CI runs 500 graphs (under 6 s for the whole file in Release on the 2-core host, 2026-12-03, 45
+// rules). More, or other seeds (5,000 at seed 270000: 0 failures, every op drawn at least 251
+// times, JVP and HVP on 1,667, worst 50-digit error 2.3e-26, 36.5 s there):
 //     TAPEGRAD_RANDOM_GRAPHS=5000 TAPEGRAD_RANDOM_SEED=270000 ./build/tests/test_random_graphs --log_level=message
 // A failing graph is printed as its tape ("n5 = matmul(x0, n4) [2x3]; ...", each op's settings as
 // it declares them) with its seed,
