@@ -14,6 +14,7 @@
 
 #include "autodiff/error.hpp"
 #include "autodiff/tensor.hpp"
+#include "io/read_file.hpp"
 
 #include <fmt/format.h>
 
@@ -251,16 +252,11 @@ Tensor<T> parse_npy(std::string_view bytes, std::string_view source = "<memory>"
     return Tensor<T>(header.shape, std::move(data));
 }
 
-/// Reads a .npy file. Raises io_error for a missing or unreadable file and anything malformed.
+/// Reads a .npy file. Raises io_error for a missing or unreadable file (a directory too) and
+/// anything malformed.
 template <Scalar T = double>
 Tensor<T> load_npy(const std::filesystem::path& path) {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) {
-        throw io_error(fmt::format("load_npy: cannot open '{}': {}", path.string(), std::strerror(errno)));
-    }
-    std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (file.bad()) throw io_error(fmt::format("load_npy: error reading '{}'", path.string()));
-    return parse_npy<T>(bytes, fmt::format("'{}'", path.string()));
+    return parse_npy<T>(read_file_bytes(path, "load_npy"), fmt::format("'{}'", path.string()));
 }
 
 /// The .npy image of `tensor` (version 1.0, C order, little-endian). Multiprecision values are

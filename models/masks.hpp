@@ -73,15 +73,16 @@ inline std::vector<double> alibi_slopes(std::size_t heads) {
     std::size_t n = 1;
     while (2 * n <= heads) n *= 2;
     std::vector<double> slopes;
-    for (std::size_t h = 1; h <= n; ++h) slopes.push_back(std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n)));
+    for (std::size_t h = 1; h <= n; ++h)
+        slopes.push_back(std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n)));
     for (std::size_t k = 1; slopes.size() < heads; k += 2)
         slopes.push_back(std::exp2(-8.0 * static_cast<double>(k) / static_cast<double>(2 * n)));
     return slopes;
 }
 
-/// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·(p − j), p = query_offset + i: 0 for the query's own
-/// position, the more negative the farther back the key (keys after p are for the causal mask to
-/// hide; their bias is positive and never weighs).
+/// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·|p − j|, p = query_offset + i: 0 for the query's own
+/// position, the more negative the farther the key (causal attention sees only j ≤ p, where this is
+/// the paper's −m_h·(p − j); without the causal mask, later keys are penalised alike).
 inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std::size_t key_count,
                                  std::size_t query_offset = 0) {
     const std::vector<double> m = alibi_slopes(heads);
@@ -89,7 +90,7 @@ inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std
     for (std::size_t h = 0; h < heads; ++h)
         for (std::size_t i = 0; i < query_count; ++i)
             for (std::size_t j = 0; j < key_count; ++j) {
-                const double distance = static_cast<double>(query_offset + i) - static_cast<double>(j);
+                const double distance = std::abs(static_cast<double>(query_offset + i) - static_cast<double>(j));
                 bias[(h * query_count + i) * key_count + j] = -m[h] * distance;
             }
     return bias;

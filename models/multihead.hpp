@@ -22,9 +22,9 @@
 
 #include "models/attention.hpp"
 #include "models/masks.hpp"
+#include "ops/concat.hpp"
 #include "ops/fused_attention.hpp"
 #include "ops/matmul.hpp"
-#include "ops/concat.hpp"
 #include "ops/merge_heads.hpp"
 #include "ops/repeat_heads.hpp"
 #include "ops/rope.hpp"
@@ -160,10 +160,6 @@ void check_multihead(const Var<T>& X_query, const Var<T>& X_memory, const MultiH
         }
     }
 }
-
-}  // namespace detail
-
-namespace detail {
 
 /// The memory's key or value heads: projected, split into the key/value heads, keys rotated at the
 /// absolute positions first.. when the attention uses rope.

@@ -174,6 +174,12 @@ BOOST_AUTO_TEST_CASE(malformed_files_raise_io_error_naming_the_fault) {
         return std::string(e.what()).find("cannot open") != std::string::npos &&
                std::string(e.what()).find("missing.npy") != std::string::npos;
     });
+    // A directory: libstdc++ throws std::ios_base::failure reading it; the reader names it instead.
+    std::filesystem::create_directories(dir.path / "a_directory.npy");
+    BOOST_CHECK_EXCEPTION((void)load_npy(dir.path / "a_directory.npy"), io_error, [](const io_error& e) {
+        return std::string(e.what()).find("load_npy: cannot read '") != std::string::npos &&
+               std::string(e.what()).find("a_directory.npy': it is a directory") != std::string::npos;
+    });
     // Every prefix of a valid file is malformed (truncation at each byte), and never crashes.
     const std::string valid = npy_bytes(Tensor<double>(Shape{2, 3}, 1.5));
     for (std::size_t length = 0; length < valid.size(); ++length) {

@@ -1,8 +1,8 @@
 // The safetensors reader and writer (io/safetensors.hpp) and the decoder's weights under Hugging
 // Face's names (models/llama_weights.hpp): round trips bit for bit in F64 and F32; BF16 and F16
 // read exactly (normal, subnormal, infinite, NaN and signed-zero values built byte by byte); every
-// malformed file of the corpus below refused with io_error naming the fault; a failed save leaves
-// no file; and the decoder's logits unchanged through a file of its weights, with a missing, a
+// malformed file of the corpus below refused with io_error naming the fault (23 of them); a failed
+// save leaves no file; a directory given as the file is named, not thrown past; and the decoder's logits unchanged through a file of its weights, with a missing, a
 // misshapen or a foreign tensor named.
 #define BOOST_TEST_MODULE safetensors
 #include "support.hpp"
@@ -97,17 +97,21 @@ BOOST_AUTO_TEST_CASE(malformed_files_are_refused_naming_the_fault) {
     };
     const std::vector<Row> rows = {
         {"shorter than 8 bytes", "abc", "3 bytes; a safetensors file starts with 8"},
+        {"the length alone", std::string(8, '\0'), "the header is not JSON"},
         {"header longer than the file", file_of("{}", "").substr(0, 8) + "{", "the header is 2 bytes long but the file holds 1"},
         {"header length near 2^64", bytes_of({0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}) + "{}", "the header is 18446744073709551615 bytes long"},
         {"header not JSON", file_of("{\"a\":", ""), "the header is not JSON"},
         {"header not an object", file_of("[1, 2]", ""), "the header is not a JSON object"},
         {"unknown dtype", file_of(R"({"a":{"dtype":"I8","shape":[1],"data_offsets":[0,1]}})", "x"), "dtype \"I8\""},
+        {"empty dtype", file_of(R"({"a":{"dtype":"","shape":[1],"data_offsets":[0,1]}})", "x"), "dtype \"\""},
         {"shape not counts", file_of(R"({"a":{"dtype":"F64","shape":[-1],"data_offsets":[0,8]}})", f64_one), "has shape [-1]"},
         {"shape of rank 5", file_of(R"({"a":{"dtype":"F64","shape":[1,1,1,1,1],"data_offsets":[0,8]}})", f64_one), "a list of at most 4 counts"},
         {"shape overflowing", file_of(R"({"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", f64_one), "more elements than the file's 8 data bytes hold"},
         {"offsets past the data", file_of(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,16]}})", f64_one), "data_offsets [0,16]: need [begin, end] with begin <= end <= 8"},
         {"offsets reversed", file_of(R"({"a":{"dtype":"F64","shape":[0],"data_offsets":[8,0]}})", f64_one), "data_offsets [8,0]"},
         {"offsets not a pair", file_of(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0]}})", f64_one), "data_offsets [0]"},
+        {"offsets of three", file_of(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":[0,8,9]}})", f64_one), "data_offsets [0,8,9]"},
+        {"offsets an object", file_of(R"({"a":{"dtype":"F64","shape":[1],"data_offsets":{"b":0,"e":8}}})", f64_one), "data_offsets {\"b\":0,\"e\":8}"},
         {"size not the shape's", file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})", f64_one), "is F32 of shape [1]: 4 bytes, but data_offsets [0,8] give 8"},
         {"overlapping tensors", file_of(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f64_one), "overlaps the tensor before it"},
         {"a hole in the data", file_of(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", f64_one), "data bytes 0..4 belong to no tensor"},
@@ -134,8 +138,13 @@ BOOST_AUTO_TEST_CASE(the_writer_refuses_what_it_cannot_store_and_a_failed_save_l
     const std::filesystem::path missing_dir = std::filesystem::temp_directory_path() / fmt::format("no_such_dir_{}", ::getpid());
     const std::vector<SafetensorsTensor> one{{"w", SafetensorsDtype::float64, x}};
     BOOST_TEST(message_of<io_error>([&] { save_safetensors(missing_dir / "w.safetensors", one); }).find("save_safetensors: cannot create") != std::string::npos);
-    BOOST_TEST(!std::filesystem::exists(missing_dir));
+    BOOST_TEST(!std::filesystem::exists(missing_dir));  // the failed save made nothing
     BOOST_TEST(message_of<io_error>([&] { (void)load_safetensors(missing_dir / "w.safetensors"); }).find("cannot open") != std::string::npos);
+    // A directory: libstdc++ throws std::ios_base::failure reading it; the reader names it instead.
+    std::filesystem::create_directories(missing_dir / "d.safetensors");
+    BOOST_TEST(message_of<io_error>([&] { (void)load_safetensors(missing_dir / "d.safetensors"); })
+                   .find("load_safetensors: cannot read '") != std::string::npos);
+    std::filesystem::remove_all(missing_dir);
 }
 
 // The decoder's weights written under Hugging Face's names and read back give the same logits bit

@@ -2,6 +2,7 @@
 // (the library's parser for saved tapes); every field is checked against the bytes present before
 // anything is allocated, and each fault is named with the file and the tensor.
 #include "io/safetensors.hpp"
+#include "io/read_file.hpp"
 #include "io/tape_file.hpp"  // write_file_atomically
 
 #include <nlohmann/json.hpp>
@@ -14,8 +15,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <set>
 
@@ -32,12 +31,6 @@ std::size_t item_size(SafetensorsDtype dtype) { return item_sizes[std::size_t(dt
 
 [[noreturn]] void fail(std::string_view source, std::string_view what) {
     throw io_error(fmt::format("load_safetensors: {}: {}", source, what));
-}
-
-std::uint64_t little_endian_u64(const char* p) {
-    std::uint64_t v = 0;
-    for (int k = 7; k >= 0; --k) v = (v << 8) | static_cast<unsigned char>(p[k]);
-    return v;
 }
 
 template <class Word>
@@ -181,7 +174,7 @@ std::string_view safetensors_dtype_name(SafetensorsDtype dtype) { return dtype_n
 
 std::vector<SafetensorsTensor> parse_safetensors(std::string_view bytes, std::string_view source) {
     if (bytes.size() < 8) fail(source, fmt::format("{} bytes; a safetensors file starts with 8", bytes.size()));
-    const std::uint64_t header_size = little_endian_u64(bytes.data());
+    const std::uint64_t header_size = little_endian<std::uint64_t>(bytes.data());
     if (header_size > bytes.size() - 8) {
         fail(source, fmt::format("the header is {} bytes long but the file holds {} after its length", header_size,
                                  bytes.size() - 8));
@@ -199,11 +192,7 @@ std::vector<SafetensorsTensor> parse_safetensors(std::string_view bytes, std::st
 }
 
 std::vector<SafetensorsTensor> load_safetensors(const std::filesystem::path& path) {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) throw io_error(fmt::format("load_safetensors: cannot open '{}'", path.string()));
-    const std::string bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (file.bad()) throw io_error(fmt::format("load_safetensors: error reading '{}'", path.string()));
-    return parse_safetensors(bytes, path.string());
+    return parse_safetensors(read_file_bytes(path, "load_safetensors"), path.string());
 }
 
 std::string safetensors_bytes(std::span<const SafetensorsTensor> tensors) {
