@@ -5,9 +5,10 @@
 // The op tables (test_ops, test_elementwise, test_reductions, test_broadcasting, test_shape_ops,
 // test_transformer_ops, test_models_ops, test_fused_attention) run every row through
 // tapegrad_testing.hpp's check_op_second_order: one direction, the JVP on the op's output Y and the
-// HVP on J = Σ Y ∘ G. This file adds, for every public op (dropout_with_mask included, which no table
-// row drives), on a graph drawn by the op's rule, the checks of check/second_order.hpp on the op recorded on a Tape<double> (the
-// recorded tape's re-runs at 50 digits and in the duals, check/recorded.hpp), with their default
+// HVP on J = Σ Y ∘ G. This file adds, for every public op (dropout_with_mask included, which no
+// table row drives), on a graph drawn by the op's rule, the checks of check/second_order.hpp on
+// that graph recorded on a Tape<double> (the recorded tape's re-runs at 50 digits and in the duals,
+// check/recorded.hpp), with their default
 // options (three directions, 50-digit and double dual tapes, the thresholds test_second_order uses:
 // 1e-25 on the 50-digit mixed error, 1e-9 on the double one), and the HVP on two losses: the tables'
 // probe J = Σ Y ∘ G, and the quadratic probe J = Σ (Y ∘ Y) ∘ G, whose upstream gradient 2·Y ∘ G
