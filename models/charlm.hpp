@@ -16,6 +16,7 @@
 
 #include "autodiff/parallel.hpp"
 #include "io/npy.hpp"
+#include "io/read_file.hpp"
 #include "io/tape_file.hpp"
 #include "models/optimizer.hpp"
 #include "models/transformer.hpp"
@@ -129,9 +130,7 @@ inline std::string clean_text(const std::string& raw) {
 inline Corpus load_corpus(const std::vector<std::filesystem::path>& files) {
     std::string text;
     for (const auto& path : files) {
-        std::ifstream file(path, std::ios::binary);
-        if (!file) throw io_error(fmt::format("charlm: cannot read corpus file '{}'", path.string()));
-        text += clean_text(std::string(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>()));
+        text += clean_text(read_file_bytes(path, "charlm: corpus file"));
     }
     Corpus corpus;
     corpus.alphabet = text;
@@ -486,9 +485,7 @@ std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& r
     }
     const NpyDtype expected_dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
     const auto read = [&](const std::filesystem::path& file) {
-        std::ifstream in(file, std::ios::binary);
-        if (!in) throw io_error(fmt::format("charlm: cannot read '{}'", file.string()));
-        const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const std::string bytes = read_file_bytes(file, "charlm");
         const std::string source = fmt::format("'{}'", file.string());
         if (parse_npy_header(bytes, source).dtype != expected_dtype) {
             throw value_error(fmt::format("charlm: '{}' is not {} as its manifest says", file.string(), dtype));

@@ -5,6 +5,7 @@
 // re-recording through its public function, so a loaded node passes the op's own checks as a
 // program's call does): every op of LibraryOps, and each user's op registered with register_op.
 #include "io/tape_file.hpp"
+#include "io/read_file.hpp"
 
 #include "autodiff/registry.hpp"
 #include "src/io/tape_document.hpp"
@@ -439,19 +440,6 @@ Var<T> parse_into(std::string_view text, std::string_view source, Tape<T>& tape)
     }
 }
 
-// The file's bytes, read into a string of its size (no stream buffer growing beside it).
-std::string read_file(const std::string& file) {
-    std::ifstream in(file, std::ios::binary | std::ios::ate);
-    if (!in) throw io_error(fmt::format("load_tape: cannot open '{}': {}", file, std::strerror(errno)));
-    const std::streamoff size = in.tellg();
-    if (size < 0) throw io_error(fmt::format("load_tape: cannot tell the size of '{}'", file));
-    std::string text(std::size_t(size), '\0');
-    in.seekg(0);
-    in.read(text.data(), size);
-    if (in.gcount() != size) throw io_error(fmt::format("load_tape: error reading '{}'", file));
-    return text;
-}
-
 template <Scalar T>
 TapeFileScalar validated_scalar(std::string_view text, const tape_document::Outline& outline, const Where& where) {
     Document<T> d = read_document<T>(text, outline, where);
@@ -483,7 +471,7 @@ TapeFileScalar parse_tape_scalar(std::string_view text, std::string_view source)
 }
 
 TapeFileScalar tape_file_scalar(const std::string& file) {
-    return parse_tape_scalar(read_file(file), file);
+    return parse_tape_scalar(read_file_bytes(file, "load_tape"), file);
 }
 
 Var<double> parse_tape(std::string_view text, std::string_view source, Tape<double>& tape) {
@@ -494,10 +482,10 @@ Var<float> parse_tape(std::string_view text, std::string_view source, Tape<float
 }
 
 Var<double> load_tape(const std::string& file, Tape<double>& tape) {
-    return parse_into(read_file(file), file, tape);
+    return parse_into(read_file_bytes(file, "load_tape"), file, tape);
 }
 Var<float> load_tape(const std::string& file, Tape<float>& tape) {
-    return parse_into(read_file(file), file, tape);
+    return parse_into(read_file_bytes(file, "load_tape"), file, tape);
 }
 
 }  // namespace tapegrad
