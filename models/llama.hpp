@@ -37,7 +37,6 @@
 
 #include <fmt/core.h>
 
-#include <cmath>
 #include <span>
 #include <string>
 #include <vector>
@@ -110,22 +109,7 @@ inline std::vector<Shape> parameter_shapes(const LlamaConfig& c) {
 /// The initialisation of the header comment, seeded by config.seed.
 inline std::vector<Tensor<double>> initial_parameters(const LlamaConfig& c) {
     check_llama_config(c);
-    std::mt19937_64 generator(c.seed);
-    const std::vector<std::string> names = parameter_names(c);
-    const std::vector<Shape> shapes = parameter_shapes(c);
-    const double residual_spread = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
-    std::vector<Tensor<double>> values;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-        const bool gain = names[i].ends_with("gain");
-        Tensor<double> t(shapes[i], gain ? 1.0 : 0.0);
-        if (!gain) {
-            const bool residual_output = names[i].ends_with("W_O") || names[i].ends_with("W_down");
-            const double spread = residual_output ? residual_spread : 0.02;
-            for (double& x : t.data()) x = spread * detail::draw_standard_normal(generator);
-        }
-        values.push_back(std::move(t));
-    }
-    return values;
+    return detail::gpt2_initialisation(parameter_names(c), parameter_shapes(c), c.seed, c.layers, {"W_O", "W_down"});
 }
 
 template <Scalar T>
@@ -170,12 +154,7 @@ struct LlamaVars {
 
     /// Records `values` as leaves of `tape` (named as parameter_names()).
     static LlamaVars record(Tape<T>& tape, std::span<const Tensor<double>> values, const LlamaConfig& c) {
-        const std::vector<std::string> names = parameter_names(c);
-        std::vector<Var<T>> leaves;
-        for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
-            leaves.push_back(tape.leaf(tensor_cast<T>(values[i]), names[i]));
-        }
-        return from(leaves, c);
+        return from(detail::record_named_leaves(tape, values, parameter_names(c)), c);
     }
 };
 
@@ -216,18 +195,6 @@ Var<T> llama_block(const Var<T>& X, const LlamaBlockVars<T>& b, const LlamaConfi
     return add(attended, matmul(gated, b.W_down)).named(fmt::format("block{} out", block));
 }
 
-inline void check_llama_tokens(const LlamaConfig& c, std::span<const std::size_t> tokens, std::size_t batch,
-                               std::size_t first_position) {
-    if (batch == 0 || tokens.empty() || tokens.size() % batch != 0) {
-        throw shape_error(
-            fmt::format("llama: {} tokens do not make {} sequences of one length", tokens.size(), batch));
-    }
-    if (first_position + tokens.size() / batch > c.context) {
-        throw shape_error(fmt::format("llama: positions {}..{} exceed the context of {}", first_position,
-                                      first_position + tokens.size() / batch - 1, c.context));
-    }
-}
-
 }  // namespace detail
 
 /// logits [B, T, V] for `tokens` (B sequences of T, sequence-major), each row predicting the token
@@ -236,7 +203,7 @@ template <Scalar T>
 Var<T> llama_logits(const LlamaVars<T>& p, const LlamaConfig& c, std::span<const std::size_t> tokens,
                     std::size_t batch, LlamaCache<T>* cache = nullptr) {
     const std::size_t first = cache ? cache->length : 0;
-    detail::check_llama_tokens(c, tokens, batch, first);
+    detail::check_token_block("llama", c.context, tokens, batch, first);
     Var<T> X = embedding(p.E, tokens, batch).named("X_0");
     for (std::size_t l = 0; l < p.blocks.size(); ++l) X = detail::llama_block(X, p.blocks[l], c, l, first, cache);
     if (cache) cache->length += tokens.size() / batch;

@@ -18,6 +18,7 @@
 
 #include "io/safetensors.hpp"
 #include "models/llama.hpp"
+#include "ops/transpose.hpp"
 
 #include <fmt/core.h>
 
@@ -50,8 +51,7 @@ inline std::vector<std::pair<std::string, bool>> hugging_face_names(const LlamaC
 
 inline Tensor<double> transposed(const Tensor<double>& m) {
     Tensor<double> t(Shape{m.cols(), m.rows()});
-    for (std::size_t i = 0; i < m.rows(); ++i)
-        for (std::size_t j = 0; j < m.cols(); ++j) t(j, i) = m(i, j);
+    Transpose::copy_transposed(m.data().data(), m.rows(), m.cols(), t.data().data());
     return t;
 }
 

@@ -38,6 +38,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -45,6 +46,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tapegrad {
@@ -122,27 +124,61 @@ inline InitialValue initial_value(const std::string& name) {
     return InitialValue::normal;
 }
 
+/// GPT-2's initialisation of the named parameters (shared with models/llama.hpp): gains 1, biases
+/// 0, every other tensor N(0, 0.02²), those whose name ends in one of `residual_outputs`
+/// N(0, (0.02/√(2L))²); drawn from mt19937_64(seed) in the names' order, row-major within each.
+inline std::vector<Tensor<double>> gpt2_initialisation(const std::vector<std::string>& names,
+                                                       const std::vector<Shape>& shapes, std::uint64_t seed,
+                                                       std::size_t layers,
+                                                       std::initializer_list<std::string_view> residual_outputs) {
+    std::mt19937_64 generator(seed);
+    const double residual_spread = 0.02 / std::sqrt(2.0 * static_cast<double>(layers));
+    std::vector<Tensor<double>> values;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        const InitialValue kind = initial_value(names[i]);
+        Tensor<double> t(shapes[i], kind == InitialValue::one ? 1.0 : 0.0);
+        if (kind == InitialValue::normal) {
+            const bool residual_output = std::any_of(residual_outputs.begin(), residual_outputs.end(),
+                                                     [&](std::string_view end) { return names[i].ends_with(end); });
+            const double spread = residual_output ? residual_spread : 0.02;
+            for (double& x : t.data()) x = spread * draw_standard_normal(generator);
+        }
+        values.push_back(std::move(t));
+    }
+    return values;
+}
+
+/// Each of `values` recorded as a leaf of `tape`, named by `names` (a model's parameter order).
+template <Scalar T>
+std::vector<Var<T>> record_named_leaves(Tape<T>& tape, std::span<const Tensor<double>> values,
+                                        const std::vector<std::string>& names) {
+    std::vector<Var<T>> leaves;
+    for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
+        leaves.push_back(tape.leaf(tensor_cast<T>(values[i]), names[i]));
+    }
+    return leaves;
+}
+
+/// B sequences of one length in `tokens`, at positions first.. within the model's context; the
+/// errors name the model.
+inline void check_token_block(std::string_view model, std::size_t context, std::span<const std::size_t> tokens,
+                              std::size_t batch, std::size_t first) {
+    if (batch == 0 || tokens.empty() || tokens.size() % batch != 0) {
+        throw shape_error(fmt::format("{}: {} tokens do not make {} sequences of one length", model, tokens.size(),
+                                      batch));
+    }
+    if (first + tokens.size() / batch > context) {
+        throw shape_error(fmt::format("{}: positions {}..{} exceed the context of {}", model, first,
+                                      first + tokens.size() / batch - 1, context));
+    }
+}
+
 }  // namespace detail
 
 /// GPT-2's initialisation, seeded by config.seed.
 inline std::vector<Tensor<double>> initial_parameters(const TransformerConfig& c) {
     check_transformer_config(c);
-    std::mt19937_64 generator(c.seed);
-    const std::vector<std::string> names = parameter_names(c);
-    const std::vector<Shape> shapes = parameter_shapes(c);
-    const double residual_spread = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
-    std::vector<Tensor<double>> values;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-        const detail::InitialValue kind = detail::initial_value(names[i]);
-        Tensor<double> t(shapes[i], kind == detail::InitialValue::one ? 1.0 : 0.0);
-        if (kind == detail::InitialValue::normal) {
-            const bool residual_output = names[i].ends_with("W_O") || names[i].ends_with("W_2");
-            const double spread = residual_output ? residual_spread : 0.02;
-            for (double& x : t.data()) x = spread * detail::draw_standard_normal(generator);
-        }
-        values.push_back(std::move(t));
-    }
-    return values;
+    return detail::gpt2_initialisation(parameter_names(c), parameter_shapes(c), c.seed, c.layers, {"W_O", "W_2"});
 }
 
 template <Scalar T>
@@ -186,12 +222,7 @@ struct TransformerVars {
 
     /// Records `values` as leaves of `tape` (named as parameter_names()).
     static TransformerVars record(Tape<T>& tape, std::span<const Tensor<double>> values, const TransformerConfig& c) {
-        const std::vector<std::string> names = parameter_names(c);
-        std::vector<Var<T>> leaves;
-        for (std::size_t i = 0; i < values.size() && i < names.size(); ++i) {
-            leaves.push_back(tape.leaf(tensor_cast<T>(values[i]), names[i]));
-        }
-        return from(leaves, c);
+        return from(detail::record_named_leaves(tape, values, parameter_names(c)), c);
     }
 };
 
@@ -251,17 +282,6 @@ Var<T> transformer_block(const Var<T>& X, const BlockVars<T>& b, const Transform
     return add(attended, add_bias(matmul(hidden, b.W_2), b.b_2)).named(fmt::format("block{} out", block));
 }
 
-inline void check_tokens(const TransformerConfig& c, std::span<const std::size_t> tokens, std::size_t batch,
-                         std::size_t offset) {
-    if (batch == 0 || tokens.empty() || tokens.size() % batch != 0) {
-        throw shape_error(fmt::format("transformer: {} tokens do not make {} sequences of one length", tokens.size(),
-                                      batch));
-    }
-    if (offset + tokens.size() / batch > c.context) {
-        throw shape_error(fmt::format("transformer: positions {}..{} exceed the context of {}", offset,
-                                      offset + tokens.size() / batch - 1, c.context));
-    }
-}
 
 }  // namespace detail
 
@@ -271,7 +291,7 @@ template <Scalar T>
 Var<T> transformer_logits(const TransformerVars<T>& p, const TransformerConfig& c, std::span<const std::size_t> tokens,
                           std::size_t batch, const TransformerRun<T>& run = {}) {
     const std::size_t offset = run.memory ? run.memory->length : 0;
-    detail::check_tokens(c, tokens, batch, offset);
+    detail::check_token_block("transformer", c.context, tokens, batch, offset);
     Var<T> X = detail::transformer_input(p, tokens, batch, offset);
     for (std::size_t l = 0; l < p.blocks.size(); ++l) X = detail::transformer_block(X, p.blocks[l], c, run, l, offset);
     if (run.memory) run.memory->length += tokens.size() / batch;
