@@ -13,8 +13,8 @@
 ///   logits = rms_norm(X; g_f)·W_out                            W_out [D × V], or Eᵀ when tied
 /// rms_norm with ε inside the root (ops/rms_norm.hpp, ε = 1e-6 by default as LLaMA's norm_eps);
 /// RoPE base 10000 in Meta's interleaved pairing by default (ops/rope.hpp), both configurable;
-/// or ALiBi's biases instead of RoPE, and a causal sliding window (Mistral's), on the composed
-/// kernel (models/multihead.hpp).
+/// or ALiBi's biases instead of RoPE, and a causal sliding window (Mistral's), on either kernel
+/// (models/multihead.hpp).
 /// Generation: a LlamaCache holds, per block, the keys (already rotated) and values of every
 /// position so far ([B, H_kv, S, dh]); a call with a cache projects only its own rows, appends
 /// them, and attends over all (multihead_attention's key/value cache).
@@ -56,7 +56,7 @@ struct LlamaConfig {
     double rope_base = 10000;
     RopePairing rope_pairing = RopePairing::interleaved;
     AttentionKernel kernel = AttentionKernel::composed;
-    bool alibi = false;       ///< ALiBi's biases instead of RoPE (composed kernel)
+    bool alibi = false;       ///< ALiBi's biases instead of RoPE
     std::size_t window = 0;   ///< causal sliding window of this many keys (Mistral's; 0: none)
     std::uint64_t seed = 1;  ///< initialisation
 

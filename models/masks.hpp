@@ -17,15 +17,15 @@
 ///
 /// A sliding window (Mistral's): causal, and a query sees only the last w positions up to its own.
 /// ALiBi (Press et al.): no positions in the inputs; an additive bias −m_h·(distance) on each head's
-/// scores, with a slope m_h per head (alibi_slopes, alibi_bias).
+/// scores, with a slope m_h per head (ops/alibi.hpp's alibi_slopes; alibi_bias here).
 #pragma once
 
 #include "autodiff/error.hpp"
 #include "autodiff/tensor.hpp"
+#include "ops/alibi.hpp"
 
 #include <fmt/core.h>
 
-#include <cmath>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -65,21 +65,6 @@ inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count
     return M;
 }
 
-/// ALiBi's slopes (Press, Smith and Lewis 2022), head h's m_h: for H a power of two
-/// m_h = 2^(−8(h+1)/H); otherwise, as the paper's code and BLOOM's, the slopes of the largest power
-/// of two n < H followed by every other slope of 2n (2^(−8·1/(2n)), 2^(−8·3/(2n)), ...).
-inline std::vector<double> alibi_slopes(std::size_t heads) {
-    if (heads == 0) throw shape_error("alibi_slopes: heads must be at least 1");
-    std::size_t n = 1;
-    while (2 * n <= heads) n *= 2;
-    std::vector<double> slopes;
-    for (std::size_t h = 1; h <= n; ++h)
-        slopes.push_back(std::exp2(-8.0 * static_cast<double>(h) / static_cast<double>(n)));
-    for (std::size_t k = 1; slopes.size() < heads; k += 2)
-        slopes.push_back(std::exp2(-8.0 * static_cast<double>(k) / static_cast<double>(2 * n)));
-    return slopes;
-}
-
 /// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·|p − j|, p = query_offset + i: 0 for the query's own
 /// position, the more negative the farther the key (causal attention sees only j ≤ p, where this is
 /// the paper's −m_h·(p − j); without the causal mask, later keys are penalised alike).
@@ -90,8 +75,7 @@ inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std
     for (std::size_t h = 0; h < heads; ++h)
         for (std::size_t i = 0; i < query_count; ++i)
             for (std::size_t j = 0; j < key_count; ++j) {
-                const double distance = std::abs(static_cast<double>(query_offset + i) - static_cast<double>(j));
-                bias[(h * query_count + i) * key_count + j] = -m[h] * distance;
+                bias[(h * query_count + i) * key_count + j] = alibi_entry(m[h], query_offset + i, j);
             }
     return bias;
 }

@@ -12,10 +12,10 @@
 /// query_offset.., keys and values X_kv the whole history), per-sequence lengths (padding, see
 /// models/masks.hpp: padded keys are never attended to, padded query rows output exactly zero),
 /// dropout on the weights with an explicit generator, rotary positions (rope), key/value heads
-/// fewer than query heads (kv_heads), a causal sliding window and ALiBi's biases (composed kernel
-/// only, models/masks.hpp), and the per-head kernel: `composed` (the ops above) or
-/// `fused` (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d)V, which supports causal
-/// masking and the offset only).
+/// fewer than query heads (kv_heads), a causal sliding window and ALiBi's biases (models/masks.hpp,
+/// ops/alibi.hpp), and the per-head kernel: `composed` (the ops above) or `fused`
+/// (ops/fused_attention.hpp, one op for the whole softmax(QKᵀ/√d + bias)V, which supports causal
+/// masking, the offset, the window and ALiBi; not padding or dropout).
 /// A key/value cache (generation): self-attention over X's rows appended to the keys and values
 /// (rotated) of the positions before them; only X's rows are projected.
 #pragma once
@@ -40,7 +40,7 @@ namespace tapegrad {
 /// How each head's softmax(Q·Kᵀ/√d)·V is computed.
 enum class AttentionKernel {
     composed,  ///< matmul, scale, mask, softmax, dropout, matmul: every intermediate on the tape
-    fused,     ///< one fused_attention op (causal + query_offset only; no padding, no dropout)
+    fused,     ///< one fused_attention op (causal, query_offset, window, ALiBi; no padding, no dropout)
 };
 
 constexpr std::string_view attention_kernel_name(AttentionKernel kernel) {
@@ -143,19 +143,14 @@ void check_multihead(const Var<T>& X_query, const Var<T>& X_memory, const MultiH
                                       options.window));
     }
     if (options.kernel == AttentionKernel::fused) {
-        if (options.window != 0 || options.alibi) {
-            throw usage_error(fmt::format("{}: the fused kernel supports causal masking and query_offset only; "
-                                          "ALiBi and sliding windows need AttentionKernel::composed",
-                                          where));
-        }
         if (!options.lengths.empty()) {
-            throw usage_error(fmt::format("{}: the fused kernel supports causal masking and query_offset only; "
-                                          "padding (lengths) needs AttentionKernel::composed",
+            throw usage_error(fmt::format("{}: the fused kernel supports causal masking, query_offset, sliding "
+                                          "windows and ALiBi; padding (lengths) needs AttentionKernel::composed",
                                           where));
         }
         if (options.dropout) {
-            throw usage_error(fmt::format("{}: the fused kernel supports causal masking and query_offset only; "
-                                          "dropout needs AttentionKernel::composed",
+            throw usage_error(fmt::format("{}: the fused kernel supports causal masking, query_offset, sliding "
+                                          "windows and ALiBi; dropout needs AttentionKernel::composed",
                                           where));
         }
     }
@@ -190,7 +185,11 @@ void attend_per_head(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const Mu
                      MultiHeadResult<T>& result) {
     const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
     if (options.kernel == AttentionKernel::fused) {
-        result.O = fused_attention(Q, K, V, options.causal, options.causal ? options.query_offset : 0);
+        result.O = fused_attention(Q, K, V,
+                                   {.causal = options.causal,
+                                    .query_offset = options.causal ? options.query_offset : 0,
+                                    .window = options.window,
+                                    .alibi_heads = options.alibi ? options.heads : 0});
         return;
     }
     const Tensor<double> M = !options.lengths.empty()

@@ -8,6 +8,13 @@
 ///   causal: query i sees key j only when j <= query_offset + i (query_offset = keys already
 ///   cached before the first query). Row i always sees key 0, so no row is ever fully hidden and
 ///   every output row is a proper weighted mean of V's rows (no NaN, no all-zero convention needed).
+///   window w (causal only; Mistral's sliding window): query i, at absolute position
+///   p = query_offset + i, sees keys p − w < j <= p; the block must lie within the keys
+///   (query_offset + Tq <= Tk), so each row still sees its own position. Key tiles outside every
+///   row's window are skipped, so time is O(Tq·w·d) rather than O(Tq·Tk·d).
+///   alibi_heads H (ALiBi, ops/alibi.hpp): S_ij gains the constant −m_h·|p − j| of the query's head
+///   h (the dimension before [Tq, d] must be H). A constant added to S leaves every formula below
+///   as it is: dS is the same expression, and no gradient flows into the bias.
 ///
 /// Forward, per query tile Q_i (rows) and key tiles K_j, V_j in order (an online softmax):
 ///   S = c·Q_i·K_jᵀ (hidden positions skipped), m' = max(m, rowmax S), α = exp(m − m'),
@@ -43,6 +50,7 @@
 #include "autodiff/dual_kernels.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
+#include "ops/alibi.hpp"
 #include "ops/checks.hpp"
 #include "ops/fast/fused_attention_rows.hpp"
 
@@ -73,14 +81,17 @@ struct FusedAttention {
     struct Settings {
         bool causal = false;
         std::size_t query_offset = 0;
+        std::size_t window = 0;       ///< causal sliding window of this many keys (0: none)
+        std::size_t alibi_heads = 0;  ///< ALiBi's bias over this many heads (0: none)
         FusedAttentionTiles tiles{};
     };
     static constexpr auto fields(auto& s) {
-        return std::tuple{field("causal", s.causal), field("query_offset", s.query_offset), field("tiles", s.tiles)};
+        return std::tuple{field("causal", s.causal), field("query_offset", s.query_offset), field("window", s.window),
+                          field("alibi_heads", s.alibi_heads), field("tiles", s.tiles)};
     }
     template <Scalar T>
     static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
-        return fused_attention(in[0], in[1], in[2], s.causal, s.query_offset, s.tiles);
+        return fused_attention(in[0], in[1], in[2], s);
     }
 
     /// O, and saved = L, the log-sum-exp of each query row's scores, shape [batch·Tq].
@@ -91,8 +102,8 @@ struct FusedAttention {
     template <Scalar T>
     static void vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads);
 
-    /// Tile products of the forward and of vjp_all's single pass (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K). A
-    /// causal call does about half of this work.
+    /// Tile products of the forward and of vjp_all's single pass (S, dP, Pᵀ·dO, dSᵀ·Q, dS·K), over
+    /// min(Tk, window) keys per query. A causal call does about half of this work.
     template <Scalar T>
     static OpCost cost(const Settings& settings, Inputs<T> in);
 };
@@ -104,9 +115,10 @@ template <Scalar T>
 struct Dims {
     std::size_t batch, Tq, Tk, d, r;
     bool causal;
-    std::size_t offset;
+    std::size_t offset, window;
     std::size_t tile_q, tile_k;
-    T c;  ///< 1/√d, in T's own precision
+    T c;                         ///< 1/√d, in T's own precision
+    std::vector<double> slopes;  ///< ALiBi's m_h per head (empty: no bias)
 
     Dims(const FusedAttention::Settings& settings, Inputs<T> in)
         : batch(in[0]->shape().batch()),
@@ -116,24 +128,38 @@ struct Dims {
           r(in[2]->cols()),
           causal(settings.causal),
           offset(settings.query_offset),
+          window(settings.window),
           tile_q(settings.tiles.query),
           tile_k(settings.tiles.key),
-          c(inv_sqrt<T>(in[0]->cols())) {}
+          c(inv_sqrt<T>(in[0]->cols())),
+          slopes(settings.alibi_heads == 0 ? std::vector<double>{} : alibi_slopes(settings.alibi_heads)) {}
 
     std::size_t query_tiles() const { return (Tq + tile_q - 1) / tile_q; }
     std::size_t key_tiles() const { return (Tk + tile_k - 1) / tile_k; }
-    /// Keys query row i sees: [0, visible(i)).
+    /// Keys query row i sees: [first_visible(i), visible(i)). Both grow with i by at most one, so
+    /// the keys a block of rows sees are one interval, and so are the rows that see a key.
     std::size_t visible(std::size_t i) const { return causal ? std::min(Tk, offset + i + 1) : Tk; }
-    /// The first key tile query rows [i0, i0 + bq) see none of (causal attention skips the rest).
+    std::size_t first_visible(std::size_t i) const {
+        return window != 0 && offset + i + 1 > window ? offset + i + 1 - window : 0;
+    }
+    /// The key tiles query rows [i0, i0 + bq) see are [key_tile_begin(i0), key_tile_end(i0, bq)).
+    std::size_t key_tile_begin(std::size_t i0) const { return first_visible(i0) / tile_k; }
     std::size_t key_tile_end(std::size_t i0, std::size_t bq) const {
         return (visible(i0 + bq - 1) + tile_k - 1) / tile_k;
     }
     /// The first row of the first query tile that sees key j0 (causal: row i sees it once
-    /// offset + i >= j0). The query tiles that see a key tile are the ones from here on, so the
-    /// key tiles that reach a query tile are a prefix 0, 1, ... of them.
+    /// offset + i >= j0). The query tiles that see a key tile are the ones from here on while
+    /// sees_key_tile holds.
     std::size_t first_query_tile(std::size_t j0) const {
         const std::size_t first_row = causal && j0 > offset ? j0 - offset : 0;
         return first_row / tile_q * tile_q;
+    }
+    /// Whether query rows from i0 on see any key before j_end (a window hides the early keys from
+    /// late rows): the query tiles a key tile reaches, with first_query_tile.
+    bool sees_keys_before(std::size_t i0, std::size_t j_end) const { return first_visible(i0) < j_end; }
+    /// ALiBi's bias of head b's query row i and key j, in T (0 without ALiBi).
+    T bias(std::size_t b, std::size_t i, std::size_t j) const {
+        return T(alibi_entry(slopes[b % slopes.size()], offset + i, j));
     }
     /// Head b's block of a tensor that holds one block per head (Q, K, V, O, dO, their gradients, L).
     template <class Values>
@@ -149,42 +175,56 @@ struct Dims {
     }
 };
 
-/// S = c·Q_i·K_jᵀ for query rows [i0, i0+bq) and keys [j0, j0+bk) of one head, checked finite on
-/// the visible part; returns, per row, how many of the tile's keys the row sees.
+/// The keys of a tile a query row sees: tile columns [first, first + count).
+struct SeenKeys {
+    std::size_t first = 0, count = 0;
+};
+
+/// S = c·Q_i·K_jᵀ (+ ALiBi's bias) for query rows [i0, i0+bq) and keys [j0, j0+bk) of head b,
+/// checked finite on the visible part; `seen` gets, per row, the tile's keys the row sees.
 template <Scalar T>
-void scores(const Dims<T>& dims, const T* Q, const T* K, std::size_t i0, std::size_t bq, std::size_t j0,
-            std::size_t bk, std::vector<T>& S, std::vector<std::size_t>& seen) {
+void scores(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, std::size_t i0, std::size_t bq,
+            std::size_t j0, std::size_t bk, std::vector<T>& S, std::vector<SeenKeys>& seen) {
     S.resize(bq * bk);
     seen.resize(bq);
     kernels::gemm(kernels::Form::abT, bq, bk, dims.d, Q + i0 * dims.d, K + j0 * dims.d, S.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
-        const std::size_t visible = dims.visible(i0 + i);
-        seen[i] = visible <= j0 ? 0 : std::min(bk, visible - j0);
-        T* row = S.data() + i * bk;
-        const std::size_t j = scale_checked(row, seen[i], dims.c);
-        if (j != seen[i]) {
+        const std::size_t lo = std::clamp(dims.first_visible(i0 + i), j0, j0 + bk);
+        const std::size_t hi = std::clamp(dims.visible(i0 + i), lo, j0 + bk);
+        seen[i] = {lo - j0, hi - lo};
+        T* row = S.data() + i * bk + seen[i].first;
+        const std::size_t j = scale_checked(row, seen[i].count, dims.c);
+        if (j != seen[i].count) {
             throw value_error(fmt::format(
                 "fused_attention: score S = Q·Kᵀ/√d is {} at query {}, key {}; the scores must be finite "
                 "(Q or K too large)",
-                to_double(row[j]), i0 + i, j0 + j));
+                to_double(row[j]), i0 + i, lo + j));
+        }
+        if (!dims.slopes.empty()) {
+            for (std::size_t k = 0; k < seen[i].count; ++k) row[k] += dims.bias(b, i0 + i, lo + k);
         }
     }
 }
 
-/// One row of the online softmax on one key tile. `row` holds the row's scores (the first `seen`
-/// visible) and is left holding P = exp(S − m') (0 where hidden) for the product P·V_j; the running
-/// max m, sum l and the row's accumulator acc (r values) are brought up to date.
+/// Zeroes a tile row outside the keys it sees.
 template <Scalar T>
-void online_softmax_step(T* row, std::size_t bk, std::size_t seen, T& m, T& l, T* acc, std::size_t r) {
+void hide_unseen(T* row, std::size_t bk, SeenKeys seen) {
+    std::fill(row, row + seen.first, T(0));
+    std::fill(row + seen.first + seen.count, row + bk, T(0));
+}
+
+/// One row of the online softmax on one key tile. `row` holds the row's scores (visible where
+/// `seen` says) and is left holding P = exp(S − m') (0 where hidden) for the product P·V_j; the
+/// running max m, sum l and the row's accumulator acc (r values) are brought up to date.
+template <Scalar T>
+void online_softmax_step(T* row, std::size_t bk, SeenKeys seen, T& m, T& l, T* acc, std::size_t r) {
     using std::exp;
-    if (seen == 0) {  // this row sees none of these keys: P row = 0, nothing changes
-        std::fill(row, row + bk, T(0));
-        return;
-    }
-    const T row_max = max_of(row, seen, m);
-    exp_shifted(row, seen, row_max);
-    std::fill(row + seen, row + bk, T(0));
-    const T total = sum_of(row, seen);
+    hide_unseen(row, bk, seen);
+    if (seen.count == 0) return;  // this row sees none of these keys: P row = 0, nothing changes
+    T* const visible = row + seen.first;
+    const T row_max = max_of(visible, seen.count, m);
+    exp_shifted(visible, seen.count, row_max);
+    const T total = sum_of(visible, seen.count);
     if (m != row_max) {   // a larger maximum: rescale what was summed so far
         if (l != T(0)) {  // (nothing summed yet on the row's first visible tile)
             const T alpha = exp(T(m - row_max));
@@ -196,40 +236,41 @@ void online_softmax_step(T* row, std::size_t bk, std::size_t seen, T& m, T& l, T
     l += total;
 }
 
-/// The forward of query rows [i0, i0 + tile) of one head: their rows of O (accumulated in place)
+/// The forward of query rows [i0, i0 + tile) of head b: their rows of O (accumulated in place)
 /// and their log-sum-exps L.
 template <Scalar T>
-void attend_query_tile(const Dims<T>& dims, const T* Q, const T* K, const T* V, std::size_t i0, T* O, T* L) {
+void attend_query_tile(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, const T* V, std::size_t i0, T* O,
+                       T* L) {
     using std::log;
     const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
     T* const acc = O + i0 * dims.r;
     std::fill(acc, acc + bq * dims.r, T(0));
     std::vector<T> m(bq, -std::numeric_limits<T>::infinity()), l(bq, T(0)), S;
-    std::vector<std::size_t> seen;
+    std::vector<SeenKeys> seen;
     const std::size_t end = dims.key_tile_end(i0, bq);
-    for (std::size_t jt = 0; jt < end; ++jt) {
+    for (std::size_t jt = dims.key_tile_begin(i0); jt < end; ++jt) {
         const std::size_t j0 = jt * dims.tile_k, bk = std::min(dims.tile_k, dims.Tk - j0);
-        scores(dims, Q, K, i0, bq, j0, bk, S, seen);
+        scores(dims, b, Q, K, i0, bq, j0, bk, S, seen);
         for (std::size_t i = 0; i < bq; ++i) {
             online_softmax_step(S.data() + i * bk, bk, seen[i], m[i], l[i], acc + i * dims.r, dims.r);
         }
         kernels::gemm(kernels::Form::ab, bq, dims.r, bk, S.data(), V + j0 * dims.r, acc, true);
     }
-    for (std::size_t i = 0; i < bq; ++i) {  // every row saw key 0, so l >= 1
+    for (std::size_t i = 0; i < bq; ++i) {  // every row saw a key (its largest score gave 1), so l >= 1
         for (std::size_t k = 0; k < dims.r; ++k) acc[i * dims.r + k] /= l[i];
         L[i0 + i] = T(m[i] + T(log(l[i])));
     }
 }
 
-/// Recomputes P = exp(S − L) on a tile (zero where hidden), from one head's saved log-sum-exps.
+/// Recomputes P = exp(S − L) on a tile (zero where hidden), from head b's saved log-sum-exps.
 template <Scalar T>
-void probabilities(const Dims<T>& dims, const T* Q, const T* K, const T* L, std::size_t i0, std::size_t bq,
-                   std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<std::size_t>& seen) {
-    scores(dims, Q, K, i0, bq, j0, bk, P, seen);
+void probabilities(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, const T* L, std::size_t i0,
+                   std::size_t bq, std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<SeenKeys>& seen) {
+    scores(dims, b, Q, K, i0, bq, j0, bk, P, seen);
     for (std::size_t i = 0; i < bq; ++i) {
         T* row = P.data() + i * bk;
-        exp_shifted(row, seen[i], L[i0 + i]);
-        std::fill(row + seen[i], row + bk, T(0));
+        exp_shifted(row + seen[i].first, seen[i].count, L[i0 + i]);
+        hide_unseen(row, bk, seen[i]);
     }
 }
 
@@ -296,8 +337,8 @@ void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& 
         dims.batch * tiles,
         [&](std::size_t item, unsigned) {
             const std::size_t b = item / tiles, i0 = (item % tiles) * dims.tile_q;
-            fused_detail::attend_query_tile(dims, dims.head(*in[0], b), dims.head(*in[1], b), dims.head(*in[2], b),
-                                            i0, dims.head(O, b), dims.head(saved, b));
+            fused_detail::attend_query_tile(dims, b, dims.head(*in[0], b), dims.head(*in[1], b),
+                                            dims.head(*in[2], b), i0, dims.head(O, b), dims.head(saved, b));
         },
         dims.max_threads());
 }
@@ -308,7 +349,8 @@ void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& 
 /// ticket per query tile), so the sums are those of a single thread whatever the thread count, and
 /// no two threads add into one dQ tile at once. No deadlock: key tiles are handed out in order and
 /// the key tiles that reach a query tile are a prefix (Dims::first_query_tile), so the lowest
-/// unfinished item never waits; on one thread the items run in that order.
+/// unfinished item never waits; on one thread the items run in that order. (With a window, the key
+/// tiles that reach a query tile are a run starting at key_tile_begin, where its ticket starts.)
 template <Scalar T>
 void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
     const fused_detail::Dims<T> dims(settings, at.in);
@@ -322,6 +364,7 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
     const std::size_t tiles = dims.key_tiles(), query_tiles = dims.query_tiles();
     // ticket[b·query_tiles + it]: the key tile whose dQ term query tile it takes next.
     std::vector<std::atomic<std::size_t>> ticket(dQ != nullptr ? dims.batch * query_tiles : 0);
+    for (std::size_t t = 0; t < ticket.size(); ++t) ticket[t] = dims.key_tile_begin(t % query_tiles * dims.tile_q);
     const auto key_tile = [&](std::size_t b, std::size_t jt) {
         const std::size_t j0 = jt * dims.tile_k, bk = std::min(dims.tile_k, dims.Tk - j0);
         const T *const Q = dims.head(*at.in[0], b), *const K = dims.head(*at.in[1], b);
@@ -331,10 +374,11 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
         if (dK_j) std::fill(dK_j, dK_j + bk * dims.d, T(0));
         if (dV_j) std::fill(dV_j, dV_j + bk * dims.r, T(0));
         std::vector<T> P, dP;
-        std::vector<std::size_t> seen;
-        for (std::size_t i0 = dims.first_query_tile(j0); i0 < dims.Tq; i0 += dims.tile_q) {
+        std::vector<fused_detail::SeenKeys> seen;
+        for (std::size_t i0 = dims.first_query_tile(j0); i0 < dims.Tq && dims.sees_keys_before(i0, j0 + bk);
+             i0 += dims.tile_q) {
             const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
-            fused_detail::probabilities(dims, Q, K, L, i0, bq, j0, bk, P, seen);
+            fused_detail::probabilities(dims, b, Q, K, L, i0, bq, j0, bk, P, seen);
             if (dV_j) kernels::gemm(kernels::Form::aTb, bk, dims.r, bq, P.data(), dO + i0 * dims.r, dV_j, true);
             if (!need_dS) continue;
             fused_detail::score_gradient(dims, dO, V, D.data() + b * dims.Tq, i0, bq, j0, bk, P, dP);
@@ -363,14 +407,43 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
 template <Scalar T>
 OpCost FusedAttention::cost(const Settings& settings, Inputs<T> in) {
     const fused_detail::Dims<T> dims(settings, in);
-    const std::uint64_t pairs = std::uint64_t(dims.batch) * dims.Tq * dims.Tk;
+    const std::uint64_t keys = dims.window != 0 ? std::min(dims.Tk, dims.window) : dims.Tk;
+    const std::uint64_t pairs = std::uint64_t(dims.batch) * dims.Tq * keys;
     return {pairs * (dims.d + dims.r), pairs * (3 * dims.d + 2 * dims.r)};
 }
 
-/// Checks shapes and values and records `Op` (FusedAttention, or a test's faulty variant of it).
+namespace fused_detail {
+
+/// The settings' own checks: positive tiles, an offset in range, a window only with the causal
+/// mask and within the keys, ALiBi's heads the dimension before [Tq, d].
+template <Scalar T>
+void check_settings(const FusedAttention::Settings& s, const Var<T>& Q, const Var<T>& K) {
+    if (s.tiles.query == 0 || s.tiles.key == 0) {
+        throw value_error(fmt::format("fused_attention: tile sizes must be positive, got {}×{}", s.tiles.query,
+                                      s.tiles.key));
+    }
+    if (s.query_offset > std::size_t(std::numeric_limits<std::int64_t>::max() / 2)) {
+        throw value_error(fmt::format("fused_attention: query_offset {} is out of range", s.query_offset));
+    }
+    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
+    if (s.window != 0 && (!s.causal || s.query_offset + Tq > Tk)) {
+        throw usage_error(fmt::format("fused_attention: a sliding window (window {}) needs the causal mask and "
+                                      "queries within the keys (query_offset {} + Tq {} <= Tk {}; causal {})",
+                                      s.window, s.query_offset, Tq, Tk, s.causal));
+    }
+    const Shape& q = Q.shape();
+    if (s.alibi_heads != 0 && (q.rank() < 3 || q[q.rank() - 3] != s.alibi_heads)) {
+        throw shape_error(fmt::format("fused_attention: ALiBi over {} heads needs Q as [..., {}, Tq, d], got {}",
+                                      s.alibi_heads, s.alibi_heads, q.to_string()));
+    }
+}
+
+}  // namespace fused_detail
+
+/// Checks shapes, settings and values and records `Op` (FusedAttention, or a test's faulty variant).
 template <class Op, Scalar T>
-Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal,
-                              std::size_t query_offset, FusedAttentionTiles tiles = {}) {
+Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
+                              const FusedAttention::Settings& settings) {
     checks::attention_inputs(FusedAttention::name, Q, K, V);
     for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
         if (x.shape().rank() > 4) {
@@ -378,13 +451,7 @@ Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
                                           x.shape().to_string()));
         }
     }
-    if (tiles.query == 0 || tiles.key == 0) {
-        throw value_error(fmt::format("fused_attention: tile sizes must be positive, got {}×{}", tiles.query,
-                                      tiles.key));
-    }
-    if (query_offset > std::size_t(std::numeric_limits<std::int64_t>::max() / 2)) {
-        throw value_error(fmt::format("fused_attention: query_offset {} is out of range", query_offset));
-    }
+    fused_detail::check_settings(settings, Q, K);
     for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
         const Tensor<T>& value = x.value();
         for (std::size_t i = 0; i < value.size(); ++i) {
@@ -395,25 +462,34 @@ Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
             }
         }
     }
-    return Q.tape().template record<Op>({Q, K, V}, FusedAttention::Settings{causal, query_offset, tiles});
+    return Q.tape().template record<Op>({Q, K, V}, settings);
 }
 
 /// O = softmax(Q·Kᵀ/√d, causally masked when `causal`)·V as one op (see the top of this file).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset) {
-    return record_fused_attention<FusedAttention>(Q, K, V, causal, query_offset);
+    return record_fused_attention<FusedAttention>(Q, K, V, {.causal = causal, .query_offset = query_offset});
 }
 
 /// The same, with chosen tile sizes (tests use tiny tiles to cross many tile boundaries).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset,
                        FusedAttentionTiles tiles) {
-    return record_fused_attention<FusedAttention>(Q, K, V, causal, query_offset, tiles);
+    return record_fused_attention<FusedAttention>(Q, K, V,
+                                                  {.causal = causal, .query_offset = query_offset, .tiles = tiles});
+}
+
+/// Every setting at once: a sliding window, ALiBi's bias, e.g.
+/// fused_attention(Q, K, V, {.causal = true, .window = 256, .alibi_heads = 8}).
+template <Scalar T>
+Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const FusedAttention::Settings& settings) {
+    return record_fused_attention<FusedAttention>(Q, K, V, settings);
 }
 
 // Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
 #define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, bool, std::size_t); \
-    TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, bool, std::size_t, FusedAttentionTiles);
+    TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, bool, std::size_t, FusedAttentionTiles); \
+    TAPEGRAD_INSTANCE Var<T> fused_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, const FusedAttention::Settings&);
 TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
 #undef TAPEGRAD_OP_INSTANCES
 

@@ -62,6 +62,7 @@ struct Step {
     int axis = 0;
     bool flag = false;              // keepdims, causal, GELU's erf form
     std::size_t n = 0, m = 0;       // heads, query offset, slice range, embedding sequences
+    std::size_t window = 0;         // fused attention's sliding window
     std::vector<std::size_t> list;  // permute's axes, reshape's dims, embedding's indices, targets
     Tensor<double> first, second;   // mask's pattern, dropout's keep-mask, constant gain and bias
     std::uint64_t seed = 0;         // dropout's generator
@@ -615,12 +616,21 @@ struct FusedAttentionRule {
         d.step.in = {q, k, v};
         d.step.flag = d.uniform(0, 1) == 1;
         d.step.m = d.step.flag ? d.uniform(0, 2) : 0;
+        // A sliding window when the queries lie within the keys (1 key up to all of them), ALiBi's
+        // bias over the dimension before [T, d] when there is one: each half the time.
+        const bool window_fits = d.step.flag && d.step.m + Q.rows() <= K.rows();
+        d.step.window = window_fits && d.uniform(0, 1) == 1 ? d.uniform(1, K.rows()) : 0;
+        d.step.n = Q.rank() >= 3 && d.uniform(0, 1) == 1 ? Q[Q.rank() - 3] : 0;
         d.out = Q.with_matrix(Q.rows(), d.shape(v).cols());
         d.range = d.range_of(v);  // each output row is a convex combination of V's rows
         return true;
     }
     template <class V>
-    static V record(const Operands<V>& x) { return fused_attention(x[0], x[1], x[2], x.step.flag, x.step.m); }
+    static V record(const Operands<V>& x) {
+        return fused_attention(x[0], x[1], x[2],
+                               {.causal = x.step.flag, .query_offset = x.step.m, .window = x.step.window,
+                                .alibi_heads = x.step.n});
+    }
 };
 
 // ---- reductions ----

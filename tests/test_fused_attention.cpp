@@ -30,16 +30,21 @@ namespace {
 template <class V>
 using scalar_of = typename std::decay_t<V>::scalar_type;
 
-// The composed reference (models/attention.hpp): softmax(mask(scale(matmul(Q, Kᵀ), 1/√d), M))·V,
-// every intermediate kept, with models/masks.hpp's causal_mask. The fused op also accepts a
-// causal block whose first query already sees the last key (query_offset + 1 >= Tk), which
-// causal_mask refuses when the block runs past the keys: there every key is visible to every
-// query, which is attention without a mask.
+// The composed reference (models/attention.hpp): softmax(mask(scale(matmul(Q, Kᵀ), 1/√d) [+ B], M))·V,
+// every intermediate kept, with models/masks.hpp's causal_mask (and its window) and alibi_bias B.
+// The fused op also accepts a causal block whose first query already sees the last key
+// (query_offset + 1 >= Tk), which causal_mask refuses when the block runs past the keys: there
+// every key is visible to every query, which is attention without a mask.
 template <Scalar T>
-Var<T> composed_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t offset) {
-    const std::size_t Tk = K.shape().rows();
-    if (!causal || offset + 1 >= Tk) return attention_from_qkv(Q, K, V).O;
-    return causal_attention(Q, K, V, offset).O;
+Var<T> composed_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t offset,
+                          std::size_t window = 0, std::size_t alibi_heads = 0) {
+    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
+    const bool everything_visible = !causal || (window == 0 && offset + 1 >= Tk);
+    if (everything_visible && alibi_heads == 0) return attention_from_qkv(Q, K, V).O;
+    if (alibi_heads == 0 && window == 0) return causal_attention(Q, K, V, offset).O;
+    const Tensor<double> M = everything_visible ? Tensor<double>(Shape{Tq, Tk}, 1.0) : causal_mask(Tq, Tk, offset, window);
+    const Tensor<double> bias = alibi_heads != 0 ? alibi_bias(alibi_heads, Tq, Tk, offset) : Tensor<double>(Shape{Tq, Tk}, 0.0);
+    return masked_attention(Q, K, V, M, std::nullopt, &bias).O;
 }
 
 // Mixed error |a − b| / max(1, |b|), the checker's measure, as a maximum over two tensors.
@@ -55,13 +60,16 @@ double max_mixed_error(const Tensor<T>& a, const Tensor<T>& b) {
     return worst;
 }
 
-// One case of the op table: shapes, causality, offset, tiles.
+// One case of the op table: shapes, causality, offset, tiles, a sliding window, ALiBi's heads.
 struct FusedCase {
     std::string name;
     Shape q, k, v;
     bool causal;
     std::size_t offset;
     FusedAttentionTiles tiles;
+    std::size_t window = 0, alibi_heads = 0;
+
+    FusedAttention::Settings settings() const { return {causal, offset, window, alibi_heads, tiles}; }
 };
 
 // Tiny tiles (2, 3) drive the online softmax across several key tiles (rescaled accumulators)
@@ -75,11 +83,28 @@ const std::vector<FusedCase> fused_table = {
     {"causal, offset 0, keys never seen", Shape{3, 2}, Shape{7, 2}, Shape{7, 2}, true, 0, {2, 3}},
     {"causal, offset past every key", Shape{3, 2}, Shape{4, 2}, Shape{4, 2}, true, 100, {1, 3}},
     {"wide d, r = 1", Shape{4, 8}, Shape{5, 8}, Shape{5, 1}, true, 1, {3, 2}},
+    // Sliding windows: rows whose window starts inside a key tile, key tiles no row of a query
+    // tile sees (skipped both ways), a window wider than the keys.
+    {"window 2, tiles 2x2", Shape{6, 2}, Shape{6, 2}, Shape{6, 3}, true, 0, {2, 2}, 2},
+    {"window 3, query_offset 4, tiles 2x3", Shape{3, 2}, Shape{7, 2}, Shape{7, 2}, true, 4, {2, 3}, 3},
+    {"window 1 (each row its own key)", Shape{2, 4, 2}, Shape{2, 4, 2}, Shape{2, 4, 2}, true, 0, {3, 2}, 1},
+    {"window wider than the keys", Shape{4, 2}, Shape{4, 2}, Shape{4, 3}, true, 0, {2, 2}, 10},
+    // ALiBi: heads the dimension before [T, d]; causal, with a window, and without a mask (later
+    // keys penalised too).
+    {"ALiBi over 3 heads, causal, tiles 2x2", Shape{3, 4, 2}, Shape{3, 4, 2}, Shape{3, 4, 2}, true, 0, {2, 2}, 0, 3},
+    {"ALiBi + window 2, batch x heads, offset 2", Shape{2, 2, 3, 2}, Shape{2, 2, 5, 2}, Shape{2, 2, 5, 3}, true, 2,
+     {2, 2}, 2, 2},
+    {"ALiBi without the causal mask", Shape{2, 3, 2}, Shape{2, 4, 2}, Shape{2, 4, 2}, false, 0, {2, 3}, 0, 2},
 };
 
 template <Scalar T>
 Var<T> fused(const FusedCase& c, const std::array<Var<T>, 3>& in) {
-    return fused_attention(in[0], in[1], in[2], c.causal, c.offset, c.tiles);
+    return fused_attention(in[0], in[1], in[2], c.settings());
+}
+
+template <Scalar T>
+Var<T> composed(const FusedCase& c, const std::array<Var<T>, 3>& in) {
+    return composed_attention(in[0], in[1], in[2], c.causal, c.offset, c.window, c.alibi_heads);
 }
 
 // Fault controls, built from the real op: the backward without the D term (dS = P ∘ dP), and a
@@ -123,6 +148,28 @@ struct MaxInsteadOfLogSumExp : FusedAttention {
     }
 };
 
+// The backward of a window one key wider than the forward's (the sliding-window off-by-one):
+// the recomputed P gives the extra key a weight the forward never did.
+struct WindowWiderInBackward : FusedAttention {
+    using hooks_of = WindowWiderInBackward;
+    template <Scalar T>
+    static void vjp_all(Settings settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        ++settings.window;
+        FusedAttention::vjp_all<T>(settings, at, grads);
+    }
+};
+
+// The backward recomputing P without ALiBi's bias (a fused kernel that adds the bias in the
+// forward only).
+struct BiasForgottenInBackward : FusedAttention {
+    using hooks_of = BiasForgottenInBackward;
+    template <Scalar T>
+    static void vjp_all(Settings settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        settings.alibi_heads = 0;
+        FusedAttention::vjp_all<T>(settings, at, grads);
+    }
+};
+
 template <Scalar T>
 Tensor<T> to(const Tensor<double>& x) {
     return tensor_cast<T>(x);
@@ -154,7 +201,7 @@ BOOST_AUTO_TEST_CASE(values_and_gradients_equal_the_composed_graph) {
             const std::array<Var<mp50>, 3> a{fused_tape.leaf(q), fused_tape.leaf(k), fused_tape.leaf(v)};
             const std::array<Var<mp50>, 3> b{composed_tape.leaf(q), composed_tape.leaf(k), composed_tape.leaf(v)};
             const Var<mp50> O_fused = fused(c, a);
-            const Var<mp50> O_composed = composed_attention(b[0], b[1], b[2], c.causal, c.offset);
+            const Var<mp50> O_composed = composed(c, b);
             BOOST_TEST(max_mixed_error(O_fused.value(), O_composed.value()) <= 1e-40);
             const Tensor<mp50> G = to<mp50>(random_tensor(O_fused.shape(), rng));
             fused_tape.backward(O_fused, G);
@@ -296,7 +343,8 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_rejected) {
     const auto graph_of = [](auto op_tag) {
         return [](auto in) {
             using Op = typename decltype(op_tag)::type;
-            return testing::probe(record_fused_attention<Op>(in[0], in[1], in[2], true, 1, FusedAttentionTiles{2, 2}));
+            return testing::probe(record_fused_attention<Op>(in[0], in[1], in[2], {.causal = true, .query_offset = 1,
+                                                                                   .tiles = {2, 2}}));
         };
     };
     const CheckReport exact = check_gradients(graph_of(std::type_identity<FusedAttention>{}), leaves);
@@ -307,6 +355,67 @@ BOOST_AUTO_TEST_CASE(fault_controls_are_rejected) {
     BOOST_TEST(!wrong_lse.passed, "a backward with a wrong log-sum-exp was accepted: " << wrong_lse.summary());
     BOOST_TEST_MESSAGE("no D term: " << no_d.summary());
     BOOST_TEST_MESSAGE("wrong log-sum-exp: " << wrong_lse.summary());
+}
+
+// Fault controls of the window and ALiBi: a backward whose window is one key wider than the
+// forward's, and one that forgets the bias, on 2 heads over 6 keys with a window of 3 and tiles
+// that split it, where the exact op passes. A forward fault that the backward shares (a window one
+// narrower in both, reversed slopes) is a consistent function the checker cannot see: the value
+// test against the composed graph catches those (window_and_alibi_faults_in_the_forward_are_seen).
+BOOST_AUTO_TEST_CASE(window_and_alibi_fault_controls_are_rejected) {
+    std::mt19937_64 rng(19);
+    const NamedTensor leaves[] = {{"Q", random_tensor(Shape{2, 4, 2}, rng, 2.0)},
+                                  {"K", random_tensor(Shape{2, 6, 2}, rng, 2.0)},
+                                  {"V", random_tensor(Shape{2, 6, 3}, rng)}};
+    const auto graph_of = [](auto op_tag) {
+        return [](auto in) {
+            using Op = typename decltype(op_tag)::type;
+            return testing::probe(record_fused_attention<Op>(
+                in[0], in[1], in[2], {.causal = true, .query_offset = 2, .window = 3, .alibi_heads = 2, .tiles = {2, 2}}));
+        };
+    };
+    const CheckReport exact = check_gradients(graph_of(std::type_identity<FusedAttention>{}), leaves);
+    BOOST_TEST(exact.passed, exact.summary());
+    const CheckReport wider = check_gradients(graph_of(std::type_identity<WindowWiderInBackward>{}), leaves);
+    BOOST_TEST(!wider.passed, "a backward with a wider window was accepted: " << wider.summary());
+    const CheckReport no_bias = check_gradients(graph_of(std::type_identity<BiasForgottenInBackward>{}), leaves);
+    BOOST_TEST(!no_bias.passed, "a backward without ALiBi's bias was accepted: " << no_bias.summary());
+    BOOST_TEST_MESSAGE("wider window in the backward: " << wider.summary());
+    BOOST_TEST_MESSAGE("bias forgotten in the backward: " << no_bias.summary());
+}
+
+// The forward's faults the checker cannot see (a consistent wrong function) against the composed
+// graph of masks.hpp (itself held to a loop reference in test_multihead.cpp): a window one key
+// narrower or wider, ALiBi over reversed heads (the slopes reversed: the last head's slope on the
+// first), no bias. The exact op agrees to 1e-13 in double; each fault misses by more than 1e-3.
+BOOST_AUTO_TEST_CASE(window_and_alibi_faults_in_the_forward_are_seen) {
+    std::mt19937_64 rng(29);
+    const std::size_t H = 4, T = 9, d = 3, window = 4;
+    Tape<double> tape;
+    const Var<double> Q = tape.leaf(random_tensor(Shape{2, H, T, d}, rng, 2.0));
+    const Var<double> K = tape.leaf(random_tensor(Shape{2, H, T, d}, rng, 2.0));
+    const Var<double> V = tape.leaf(random_tensor(Shape{2, H, T, d}, rng));
+    const Tensor<double> reference = composed_attention(Q, K, V, true, 0, window, H).value();
+    const auto miss = [&](const Tensor<double>& O) { return max_mixed_error(O, reference); };
+    const FusedAttention::Settings exact{.causal = true, .window = window, .alibi_heads = H, .tiles = {4, 3}};
+    BOOST_TEST(miss(fused_attention(Q, K, V, exact).value()) <= 1e-13);
+    for (const std::size_t w : {window - 1, window + 1}) {
+        FusedAttention::Settings wrong = exact;
+        wrong.window = w;
+        BOOST_TEST_CONTEXT("window " << w) { BOOST_TEST(miss(fused_attention(Q, K, V, wrong).value()) > 1e-3); }
+    }
+    FusedAttention::Settings no_bias = exact;
+    no_bias.alibi_heads = 0;
+    BOOST_TEST(miss(fused_attention(Q, K, V, no_bias).value()) > 1e-3);
+    // Reversed slopes: the heads' order reversed on the way in and out gives head h the slope of
+    // head H − 1 − h.
+    const auto reverse_heads = [&](const Var<double>& x) {
+        std::vector<Var<double>> heads;
+        for (std::size_t h = H; h-- > 0;) heads.push_back(slice(x, 1, h, h + 1));
+        return concat(heads, 1);
+    };
+    const Var<double> reversed = reverse_heads(fused_attention(reverse_heads(Q), reverse_heads(K), reverse_heads(V), exact));
+    BOOST_TEST(miss(reversed.value()) > 1e-3);
 }
 
 // The tape takes the one-pass backward (vjp_all) of the op and of the fault controls, so the

@@ -100,6 +100,8 @@ BOOST_AUTO_TEST_CASE(small_decoders_pass_the_full_check_over_every_parameter) {
         {"grouped-query (4 heads over 2), halves, tied, fused", 2, RopePairing::halves, true, AttentionKernel::fused},
         {"grouped-query (4 heads over 2), ALiBi, window 3, untied, composed", 2, RopePairing::interleaved, false,
          AttentionKernel::composed},
+        {"grouped-query (4 heads over 2), ALiBi, window 3, tied, fused", 2, RopePairing::interleaved, true,
+         AttentionKernel::fused},
     };
     for (const Variant& v : variants) {
         LlamaConfig c = small_config();
@@ -136,15 +138,20 @@ BOOST_AUTO_TEST_CASE(generating_through_the_cache_gives_the_full_pass_logits) {
             BOOST_TEST(gap <= 1e-12, attention_kernel_name(kernel) << " kernel, " << cached << " cached");
         }
     }
-    // ALiBi and a sliding window of 5 keys (composed kernel): the cache holds every position, the
-    // mask hides those out of the window.
-    c.kernel = AttentionKernel::composed, c.alibi = true, c.window = 5;
-    for (const std::size_t cached : {1u, 17u, 64u, 255u}) {
-        const double gap = cache_gap(c, cached);
-        std::cout << fmt::format("cache (ALiBi, window 5) of {} positions: max |logit difference| {:.3g}\n", cached, gap);
-        BOOST_TEST(gap <= 1e-12, "ALiBi, window 5, " << cached << " cached");
+    // ALiBi and a sliding window of 5 keys, on both kernels: the cache holds every position, the
+    // mask (or the fused kernel's window) hides those out of the window.
+    c.alibi = true, c.window = 5;
+    for (const AttentionKernel kernel : {AttentionKernel::composed, AttentionKernel::fused}) {
+        c.kernel = kernel;
+        for (const std::size_t cached : {1u, 17u, 64u, 255u}) {
+            const double gap = cache_gap(c, cached);
+            std::cout << fmt::format("cache ({} kernel, ALiBi, window 5) of {} positions: max |logit difference| "
+                                     "{:.3g}\n",
+                                     attention_kernel_name(kernel), cached, gap);
+            BOOST_TEST(gap <= 1e-12, attention_kernel_name(kernel) << " kernel, ALiBi, window 5, " << cached << " cached");
+        }
     }
-    c.alibi = false, c.window = 0;
+    c.kernel = AttentionKernel::composed, c.alibi = false, c.window = 0;
     // Control: the token alone at position 0 (a cache dropped) misses the full pass by far.
     BOOST_TEST(cache_gap(c, 17, true) > 1e-3);
 }

@@ -344,6 +344,11 @@ BOOST_AUTO_TEST_CASE(grouped_query_alibi_and_a_window_match_their_definition) {
     const Tensor<double> ours = multihead_attention(tape.leaf(x), w, options).Y.value();
     std::vector<double> slopes = alibi_slopes(H);
     BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window, slopes)) <= 1e-13);
+    // The fused kernel's window and bias (ops/fused_attention.hpp) meet the same definition.
+    options.kernel = AttentionKernel::fused;
+    const Tensor<double> fused = multihead_attention(tape.leaf(x), w, options).Y.value();
+    BOOST_TEST(largest_difference(fused, reference_attention(x, W, H, H_kv, window, slopes)) <= 1e-13);
+    options.kernel = AttentionKernel::composed;
     std::vector<double> reversed(slopes.rbegin(), slopes.rend());
     BOOST_TEST(largest_difference(ours, reference_attention(x, W, H, H_kv, window, reversed)) > 1e-3);
     std::vector<double> flipped;  // the bias's sign flipped: +m·(p − j), farther keys weighing more
@@ -366,18 +371,22 @@ BOOST_AUTO_TEST_CASE(grouped_query_rope_alibi_and_a_window_pass_the_full_check) 
                                   {"W_K", random_tensor(Shape{D, H_kv * dh}, rng)},
                                   {"W_V", random_tensor(Shape{D, H_kv * dh}, rng)},
                                   {"W_O", random_tensor(Shape{H * dh, D}, rng)}};
-    for (const bool alibi : {false, true}) {
-        const CheckReport report = check_gradients(
-            [alibi](auto in) {
-                MultiHeadOptions options;
-                options.heads = H, options.kv_heads = H_kv, options.window = 3, options.alibi = alibi;
-                options.rope = RopeSettings{.base = 100};
-                return probe(multihead_attention(in[0], {in[1], in[2], in[3], in[4]}, options).Y);
-            },
-            leaves);
-        BOOST_TEST(report.passed, report.summary());
-        BOOST_TEST(report.max_error_mp <= 1e-25);
-        BOOST_TEST_MESSAGE((alibi ? "GQA + RoPE + ALiBi + window 3: " : "GQA + RoPE + window 3: ") << report.summary());
+    for (const AttentionKernel kernel : {AttentionKernel::composed, AttentionKernel::fused}) {
+        for (const bool alibi : {false, true}) {
+            const CheckReport report = check_gradients(
+                [alibi, kernel](auto in) {
+                    MultiHeadOptions options;
+                    options.heads = H, options.kv_heads = H_kv, options.window = 3, options.alibi = alibi;
+                    options.rope = RopeSettings{.base = 100}, options.kernel = kernel;
+                    return probe(multihead_attention(in[0], {in[1], in[2], in[3], in[4]}, options).Y);
+                },
+                leaves);
+            BOOST_TEST(report.passed, report.summary());
+            BOOST_TEST(report.max_error_mp <= 1e-25);
+            BOOST_TEST_MESSAGE(attention_kernel_name(kernel)
+                               << (alibi ? ", GQA + RoPE + ALiBi + window 3: " : ", GQA + RoPE + window 3: ")
+                               << report.summary());
+        }
     }
 }
 
@@ -387,10 +396,7 @@ BOOST_AUTO_TEST_CASE(alibi_and_windows_refuse_what_they_cannot_do) {
     const Var<double> X = tape.leaf(random_tensor(Shape{3, 4}, rng));
     const Var<double> W = tape.leaf(random_tensor(Shape{4, 4}, rng));
     MultiHeadOptions options;
-    options.heads = 2, options.alibi = true, options.kernel = AttentionKernel::fused;
-    BOOST_TEST(testing::message_of<usage_error>([&] { (void)multihead_attention(X, {W, W, W, W}, options); })
-                   .find("ALiBi and sliding windows need AttentionKernel::composed") != std::string::npos);
-    options.kernel = AttentionKernel::composed, options.alibi = false, options.window = 2, options.causal = false;
+    options.heads = 2, options.window = 2, options.causal = false;
     BOOST_TEST(testing::message_of<usage_error>([&] { (void)multihead_attention(X, {W, W, W, W}, options); })
                    .find("a sliding window (window 2) is causal") != std::string::npos);
     options.causal = true, options.kv_heads = 3;

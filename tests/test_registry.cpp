@@ -149,7 +149,7 @@ BOOST_AUTO_TEST_CASE(settings_print_from_their_fields) {
                                     "axes=[1, 0]",
                                     "form=erf",
                                     "axis=1, keepdims=true",
-                                    "causal=true, query_offset=0, tiles={query=128, key=128}",
+                                    "causal=true, query_offset=0, window=0, alibi_heads=0, tiles={query=128, key=128}",
                                     "indices=[0, 1, 1, 0, 1, 0, 0, 1, ... (10 in all)], sequences=0"};
     for (std::size_t k = 0; k < std::size(nodes); ++k) BOOST_TEST(tape.info(nodes[k].index()).settings == expected[k]);
     BOOST_TEST(tape.info(0).settings.empty());  // a leaf

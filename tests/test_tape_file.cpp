@@ -90,8 +90,8 @@ CheckOptions fast_mode() {
 }
 
 // Every op that has settings, each setting away from its default (axes other than 0, keepdims
-// true where the default is false, the erf form, a causal fused attention with a query offset and
-// its own tiles, an embedding of sequences, ...): a loader that dropped one, or read it into the
+// true where the default is false, the erf form, a causal fused attention with a query offset, a
+// window, ALiBi and its own tiles, an embedding of sequences, ...): a loader that dropped one, or read it into the
 // wrong field, would give another graph, which expect_same_graph sees in the values or the text.
 Var<double> settings_graph(Tape<double>& tape) {
     std::mt19937_64 rng(29);
@@ -107,6 +107,11 @@ Var<double> settings_graph(Tape<double>& tape) {
                                      LayerNormSettings{1e-3});                                  // dropout gelu layer_norm
     const Var<double> h = tanh(reshape(b, Shape{4, 2}));                                        // reshape
     const Var<double> q = fused_attention(h, h, h, true, 2, FusedAttentionTiles{3, 2});        // fused_attention
+    // A window and ALiBi over one head, Q [1, 2, 4]: of the changed values, alibi_heads 0 loads
+    // (2 is refused: Q has one head), and windows 0 and 2 load.
+    const Var<double> one_head = split_heads(b, 1);
+    const Var<double> windowed = fused_attention(one_head, one_head, one_head,                  // fused_attention
+                                                 {.causal = true, .window = 1, .alibi_heads = 1});
     // Each op whose settings decide its shape feeds a sum only, so that a changed setting the op
     // accepts gives a graph that still records (the test below changes each setting).
     const std::vector<Var<double>> terms{
@@ -116,7 +121,8 @@ Var<double> settings_graph(Tape<double>& tape) {
         cross_entropy(b, targets),
         sum(rms_norm(b, gain, {.epsilon = 1e-3})),                                              // rms_norm
         sum(repeat_heads(rope(split_heads(b, 2), {.base = 500, .pairing = RopePairing::halves,  // rope repeat_heads
-                                                  .first_position = 5}), 2))};
+                                                  .first_position = 5}), 2)),
+        sum(windowed)};
     Var<double> J = terms[0];
     for (std::size_t k = 1; k < terms.size(); ++k) J = add(J, terms[k]);
     return J;
