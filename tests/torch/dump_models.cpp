@@ -9,9 +9,11 @@
 // (CharLmTrainer: AdamW, warm-up + cosine, clipping), and six AdamW steps of the LLaMA-style
 // decoder (grouped-query, multi-query and multi-head; both RoPE pairings; tied and untied).
 //   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping|
-//                                          rope_other_pairing|gqa_without_group_sum]
+//                                          rope_other_pairing|gqa_without_group_sum|
+//                                          rms_norm_without_gain|alibi_reversed]
 //          dump_models OUTPUT_DIR --charlm-default STEPS   (only the example's default char-LM run)
 //          dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F tied|untied PAIRING
+//                                                ALIBI(0|1) WINDOW
 //                                 (the decoder's logits from a weights file PyTorch's side wrote)
 // The whole output is written under a temporary name and renamed into place at the end, so
 // OUTPUT_DIR holds either a complete dump or nothing new.
@@ -24,6 +26,11 @@
 //   skip_clipping        char-LM training without gradient clipping
 //   rope_other_pairing   the decoder's RoPE pairing the other convention's features
 //   gqa_without_group_sum  the decoder's dK, dV of each key/value head taken from one query head
+//   rms_norm_without_gain  the decoder's rms_norm VJP without the gain in dX (llm.c #763): the
+//                        recorded tape saved, its rms_norm nodes renamed to a registered variant
+//                        op with that VJP, loaded and back-propagated (io/tape_file.hpp)
+//   alibi_reversed       the ALiBi decoder's slopes reversed (head h given head H − 1 − h's slope):
+//                        run on weights whose heads are in reverse order, gradients put back
 //                        of its group instead of summed over the group
 #include "models/charlm.hpp"
 #include "models/llama.hpp"
@@ -52,7 +59,7 @@ namespace fs = std::filesystem;
 using namespace tapegrad;
 
 enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping, rope_other_pairing,
-                   gqa_without_group_sum };
+                   gqa_without_group_sum, rms_norm_without_gain, alibi_reversed };
 
 const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"drop_mask", Fault::drop_mask},
@@ -60,7 +67,9 @@ const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"nudge_learning_rate", Fault::nudge_learning_rate},
                                                {"skip_clipping", Fault::skip_clipping},
                                                {"rope_other_pairing", Fault::rope_other_pairing},
-                                               {"gqa_without_group_sum", Fault::gqa_without_group_sum}};
+                                               {"gqa_without_group_sum", Fault::gqa_without_group_sum},
+                                               {"rms_norm_without_gain", Fault::rms_norm_without_gain},
+                                               {"alibi_reversed", Fault::alibi_reversed}};
 
 // One case's output: its files (name -> tensor) and the JSON members describing its model.
 struct Dump {
@@ -471,6 +480,8 @@ void describe_llama(Dump& dump, const LlamaConfig& c) {
     dump.describe("rms_epsilon", fmt::format("{}", c.rms_norm.epsilon));
     dump.describe("rope_base", fmt::format("{}", c.rope_base));
     dump.describe("rope_pairing", fmt::format("\"{}\"", rope_pairing_names[std::size_t(c.rope_pairing)]));
+    dump.describe("alibi", c.alibi ? "true" : "false");
+    dump.describe("window", fmt::format("{}", c.window));
     dump.describe("parameter_names", fmt::format("[\"{}\"]", fmt::join(parameter_names(c), "\", \"")));
 }
 
@@ -494,42 +505,137 @@ Tensor<double> first_of_each_group(const Tensor<double>& wide, std::size_t group
     return narrow;
 }
 
-// The decoder's loss on one batch and every parameter's gradient. Under `without_group_sum` the
-// model runs as multi-head attention with each key/value head repeated into its group's query
-// heads (the same forward), and each key/value head's gradient is its group's first query head's:
-// the GQA kernels' dK, dV without the sum over the group.
+// rms_norm with llm.c #763's VJP: dX = r·(G − x̂·mean(G∘x̂)), the gain dropped (dg exact). A
+// user's op (registered below), so a saved tape's rms_norm nodes can be loaded as it.
+struct RmsNormWithoutGain : RmsNorm {
+    static constexpr std::string_view name = "rms_norm_without_gain";
+    template <Scalar T>
+    static Var<T> record(const Settings<T>& s, std::span<const Var<T>> in) {
+        return in[0].tape().template record<RmsNormWithoutGain>({in[0], in[1]}, s);
+    }
+    template <Scalar T>
+    static void vjp(const Settings<T>& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& din) {
+        if (which != 0) return RmsNorm::vjp(s, at, which, din);
+        const Tensor<T>& X = *at.in[0];
+        const std::size_t D = X.cols(), N = X.size() / D;
+        for (std::size_t n = 0; n < N; ++n) {
+            T mean(0);
+            for (std::size_t j = 0; j < D; ++j) mean += at.G[n * D + j] * T(X[n * D + j] * at.saved[n]);
+            mean /= T(D);
+            for (std::size_t j = 0; j < D; ++j)
+                din[n * D + j] = at.saved[n] * (at.G[n * D + j] - T(X[n * D + j] * at.saved[n]) * mean);
+        }
+    }
+};
+const bool rms_norm_without_gain_registered = register_op<RmsNormWithoutGain>();
+
+// The gradients of `J` on `tape` with every rms_norm node run as RmsNormWithoutGain: the tape saved,
+// its rms_norm ops renamed in the file, loaded and back-propagated; the leaves' gradients by name.
+std::vector<Tensor<double>> gradients_with_gain_dropped(const Tape<double>& tape, const Var<double>& J,
+                                                        const std::vector<std::string>& names) {
+    std::string text = tape_file_text(tape, J);
+    const std::string from = "\"rms_norm\"", to = fmt::format("\"user:{}\"", RmsNormWithoutGain::name);
+    std::size_t renamed = 0;
+    for (std::size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()), ++renamed)
+        text.replace(at, from.size(), to);
+    if (renamed == 0) throw usage_error("dump_models: the decoder's tape holds no rms_norm node to rename");
+    Tape<double> loaded;
+    const Var<double> J_loaded = parse_tape(text, "the decoder's tape, rms_norm renamed", loaded);
+    loaded.backward(J_loaded);
+    std::map<std::string, Tensor<double>> by_name;
+    for (const std::uint32_t i : gradient_leaves(loaded, J_loaded)) {
+        const auto node = loaded.recorded(i);
+        by_name[std::string(node.label)] = node.grad ? *node.grad : Tensor<double>(node.value.shape(), 0.0);
+    }
+    std::vector<Tensor<double>> gradients;
+    for (const std::string& name : names) gradients.push_back(by_name.at(name));
+    return gradients;
+}
+
+// W's head blocks in reverse order: columns of [D × n·dh] (W_Q, W_K, W_V) or rows of [n·dh × D]
+// (W_O). Its own inverse.
+Tensor<double> reverse_heads(const Tensor<double>& W, std::size_t dh, bool rows) {
+    Tensor<double> out(W.shape());
+    const std::size_t n = (rows ? W.rows() : W.cols()) / dh;
+    for (std::size_t i = 0; i < W.rows(); ++i)
+        for (std::size_t k = 0; k < W.cols(); ++k) {
+            const std::size_t along = rows ? i : k, head = along / dh, moved = (n - 1 - head) * dh + along % dh;
+            out(i, k) = rows ? W(moved, k) : W(i, moved);
+        }
+    return out;
+}
+
+// W W_Q, W_K, W_V or W_O: the block whose heads alibi_reversed reverses (others: not one).
+std::optional<bool> head_blocks_of(const std::string& name) {
+    if (name.ends_with("W_Q") || name.ends_with("W_K") || name.ends_with("W_V")) return false;  // columns
+    if (name.ends_with("W_O")) return true;                                                      // rows
+    return std::nullopt;
+}
+
+// The decoder's faults and how each one runs.
+struct LlamaFaults {
+    bool without_group_sum = false;  // GQA run as MHA on widened W_K, W_V; dK, dV from each group's first head
+    bool gain_dropped = false;       // rms_norm's VJP without the gain (gradients_with_gain_dropped)
+    bool reversed_heads = false;     // heads in reverse order on the way in and out: ALiBi's slopes reversed
+};
+
+// The decoder's loss on one batch and every parameter's gradient, under the faults asked for. Under
+// `without_group_sum` the model runs as multi-head attention with each key/value head repeated into
+// its group's query heads (the same forward), and each key/value head's gradient is its group's
+// first query head's: the GQA kernels' dK, dV without the sum over the group. Under
+// `reversed_heads` the query and key/value heads are reversed together (group g of H_kv becomes
+// H_kv − 1 − g: the same attention), so only the slope each head's bias takes changes.
 double llama_gradients(const LlamaConfig& c, const std::vector<Tensor<double>>& values,
                        std::span<const std::size_t> tokens, std::span<const std::size_t> targets, std::size_t B,
-                       bool without_group_sum, std::vector<Tensor<double>>& gradients) {
+                       const LlamaFaults& faults, std::vector<Tensor<double>>& gradients) {
     LlamaConfig run = c;
     std::vector<Tensor<double>> used = values;
     const std::vector<std::string> names = parameter_names(c);
     const std::size_t groups = c.heads / c.kv_heads, dh = c.head_width();
-    if (without_group_sum) {
-        run.kv_heads = c.heads;
-        for (std::size_t i = 0; i < names.size(); ++i)
-            if (names[i].ends_with("W_K") || names[i].ends_with("W_V")) used[i] = widen_heads(values[i], groups, dh);
+    const auto widened = [&](std::size_t i) {
+        return faults.without_group_sum && (names[i].ends_with("W_K") || names[i].ends_with("W_V"));
+    };
+    if (faults.without_group_sum) run.kv_heads = c.heads;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        if (widened(i)) used[i] = widen_heads(values[i], groups, dh);
+        if (faults.reversed_heads && head_blocks_of(names[i])) used[i] = reverse_heads(used[i], dh, *head_blocks_of(names[i]));
     }
     Tape<double> tape;
     const auto p = LlamaVars<double>::record(tape, used, run);
     const Var<double> J = llama_loss(p, run, tokens, targets, B);
-    tape.backward(J);
-    const std::vector<Var<double>> leaves = p.all();
     gradients.clear();
+    if (faults.gain_dropped) {
+        gradients = gradients_with_gain_dropped(tape, J, names);
+    } else {
+        tape.backward(J);
+        for (const Var<double>& leaf : p.all()) gradients.push_back(leaf.grad());
+    }
     for (std::size_t i = 0; i < names.size(); ++i) {
-        const bool widened = without_group_sum && (names[i].ends_with("W_K") || names[i].ends_with("W_V"));
-        gradients.push_back(widened ? first_of_each_group(leaves[i].grad(), groups, dh) : leaves[i].grad());
+        if (faults.reversed_heads && head_blocks_of(names[i]))
+            gradients[i] = reverse_heads(gradients[i], dh, *head_blocks_of(names[i]));
+        if (widened(i)) gradients[i] = first_of_each_group(gradients[i], groups, dh);
     }
     return J.value().item();
 }
 
+// The decoder of one training case: its pairing (or ALiBi), heads, output, window and kernel.
+struct LlamaCase {
+    RopePairing pairing = RopePairing::interleaved;
+    std::size_t kv_heads = 4;
+    bool tied = false, alibi = false;
+    std::size_t window = 0;
+    AttentionKernel kernel = AttentionKernel::composed;
+};
+
 // Six AdamW steps of a small decoder from generic parameters on seeded batches: the start's
 // gradients, each step's loss, the final parameters.
-Dump llama_training_case(RopePairing pairing, std::size_t kv_heads, bool tied, Fault fault, std::uint64_t seed) {
+Dump llama_training_case(const LlamaCase& decoder, Fault fault, std::uint64_t seed) {
     constexpr std::size_t steps = 6, B = 2;
+    const RopePairing pairing = decoder.pairing;
+    const std::size_t kv_heads = decoder.kv_heads;
     LlamaConfig c{.vocabulary = 11, .context = 8, .width = 16, .heads = 4, .kv_heads = kv_heads, .layers = 2,
-                  .hidden = 24, .tied = tied};
-    c.rope_pairing = pairing;
+                  .hidden = 24, .tied = decoder.tied};
+    c.rope_pairing = pairing, c.alibi = decoder.alibi, c.window = decoder.window, c.kernel = decoder.kernel;
     const AdamSettings adam{.learning_rate = 1e-2, .weight_decay = 0.1};
     Dump dump;
     dump.describe("model", "\"llama_training\"");
@@ -539,12 +645,14 @@ Dump llama_training_case(RopePairing pairing, std::size_t kv_heads, bool tied, F
                                            "\"weight_decay\": {}}}",
                                            adam.learning_rate, adam.beta1, adam.beta2, adam.epsilon, adam.weight_decay));
     LlamaConfig actual = c;
-    if (fault == Fault::rope_other_pairing) {
+    if (fault == Fault::rope_other_pairing && !c.alibi) {  // (ALiBi's decoder has no RoPE)
         actual.rope_pairing = pairing == RopePairing::interleaved ? RopePairing::halves : RopePairing::interleaved;
         dump.fault_applied = true;
     }
-    const bool without_group_sum = fault == Fault::gqa_without_group_sum && kv_heads < c.heads;
-    dump.fault_applied = dump.fault_applied || without_group_sum;
+    const LlamaFaults faults{.without_group_sum = fault == Fault::gqa_without_group_sum && kv_heads < c.heads,
+                             .gain_dropped = fault == Fault::rms_norm_without_gain,
+                             .reversed_heads = fault == Fault::alibi_reversed && c.alibi};
+    dump.fault_applied = dump.fault_applied || faults.without_group_sum || faults.gain_dropped || faults.reversed_heads;
 
     std::mt19937_64 generator(seed);
     std::vector<Tensor<double>> values;
@@ -569,7 +677,7 @@ Dump llama_training_case(RopePairing pairing, std::size_t kv_heads, bool tied, F
             y[k] = static_cast<std::size_t>(targets[step * x.size() + k]);
         }
         std::vector<Tensor<double>> gradients;
-        losses[step] = llama_gradients(actual, values, x, y, B, without_group_sum, gradients);
+        losses[step] = llama_gradients(actual, values, x, y, B, faults, gradients);
         if (step == 0)
             for (std::size_t i = 0; i < names.size(); ++i) dump.add("d." + names[i], gradients[i]);
         std::vector<Tensor<double>*> parameters;
@@ -593,6 +701,7 @@ int llama_logits_from_file(char** argv) {
                   .heads = std::stoul(argv[7]), .kv_heads = std::stoul(argv[8]), .layers = std::stoul(argv[9]),
                   .hidden = std::stoul(argv[10]), .tied = std::string_view(argv[11]) == "tied"};
     c.rope_pairing = std::string_view(argv[12]) == "halves" ? RopePairing::halves : RopePairing::interleaved;
+    c.alibi = std::string_view(argv[13]) == "1", c.window = std::stoul(argv[14]);
     std::vector<std::size_t> tokens;
     for (const double t : token_values.data()) tokens.push_back(static_cast<std::size_t>(t));
     Tape<double> tape;
@@ -640,9 +749,13 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
     cases.emplace_back("transformer_logits_composed", transformer_logits_case(K::composed, fault, 310));
     cases.emplace_back("transformer_logits_fused", transformer_logits_case(K::fused, fault, 311));
     cases.emplace_back("charlm_training", charlm_training_case(scratch, fault));
-    cases.emplace_back("llama_gqa_interleaved", llama_training_case(RopePairing::interleaved, 2, false, fault, 400));
-    cases.emplace_back("llama_mqa_halves_tied", llama_training_case(RopePairing::halves, 1, true, fault, 401));
-    cases.emplace_back("llama_mha_halves", llama_training_case(RopePairing::halves, 4, false, fault, 402));
+    using P = RopePairing;
+    cases.emplace_back("llama_gqa_interleaved", llama_training_case({P::interleaved, 2, false}, fault, 400));
+    cases.emplace_back("llama_mqa_halves_tied", llama_training_case({P::halves, 1, true}, fault, 401));
+    cases.emplace_back("llama_mha_halves", llama_training_case({P::halves, 4, false}, fault, 402));
+    // ALiBi and a sliding window of 3 keys on the fused kernel (ops/fused_attention.hpp).
+    cases.emplace_back("llama_gqa_alibi_window_fused",
+                       llama_training_case({P::interleaved, 2, false, true, 3, AttentionKernel::fused}, fault, 403));
     return cases;
 }
 
@@ -650,11 +763,12 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
 
 int main(int argc, char** argv) {
     const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|"
-                              "skip_clipping|rope_other_pairing|gqa_without_group_sum]\n"
+                              "skip_clipping|rope_other_pairing|gqa_without_group_sum|rms_norm_without_gain|"
+                              "alibi_reversed]\n"
                               "       dump_models OUTPUT_DIR --charlm-default STEPS\n"
                               "       dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F "
-                              "tied|untied PAIRING";
-    if (argc == 13 && std::string_view(argv[2]) == "--llama-logits") {
+                              "tied|untied PAIRING ALIBI(0|1) WINDOW";
+    if (argc == 15 && std::string_view(argv[2]) == "--llama-logits") {
         try {
             return llama_logits_from_file(argv);
         } catch (const std::exception& e) {
