@@ -9,7 +9,9 @@
 /// mapping each tensor's name to {"dtype", "shape", "data_offsets": [begin, end]} (and an optional
 /// "__metadata__" object of strings); then the data, each tensor's bytes at [begin, end) of it,
 /// row-major, little-endian. Read: F64, F32, BF16 and F16, each converted exactly to double.
-/// Written: F64 or F32, per tensor (float32 rounds to nearest); BF16 and F16 are read only.
+/// Written: any of the four, per tensor, rounded to nearest with ties to even from the double
+/// (autodiff/low_precision.hpp for BF16 and F16: once, subnormals kept, ±inf past the largest,
+/// NaN as the format's quiet NaN).
 ///
 /// Every malformed file raises io_error naming the file and the fault: shorter than 8 bytes, a
 /// header longer than the file, a header that is not a JSON object, an unknown dtype, a shape that
@@ -51,8 +53,8 @@ std::vector<SafetensorsTensor> parse_safetensors(std::string_view bytes, std::st
 /// The tensors of the file at `path`.
 std::vector<SafetensorsTensor> load_safetensors(const std::filesystem::path& path);
 
-/// The file's bytes for `tensors`, in that order, each stored in its own dtype (float64 or float32;
-/// usage_error for another, or for an empty or duplicate name).
+/// The file's bytes for `tensors`, in that order, each stored in its own dtype (usage_error for an
+/// empty or duplicate name).
 std::string safetensors_bytes(std::span<const SafetensorsTensor> tensors);
 
 /// Writes the file (atomically: a failed write leaves none).

@@ -1,5 +1,6 @@
 // The safetensors reader and writer (io/safetensors.hpp) and the decoder's weights under Hugging
 // Face's names (models/llama_weights.hpp): round trips bit for bit in F64 and F32; BF16 and F16
+// written rounded to nearest even;
 // read exactly (normal, subnormal, infinite, NaN and signed-zero values built byte by byte); every
 // malformed file of the corpus below refused with io_error naming the fault (23 of them); a failed
 // save leaves no file; a directory given as the file is named, not thrown past; and the decoder's logits unchanged through a file of its weights, with a missing, a
@@ -7,6 +8,7 @@
 #define BOOST_TEST_MODULE safetensors
 #include "support.hpp"
 #include "models/llama_weights.hpp"
+#include "autodiff/low_precision.hpp"
 
 #include <bit>
 #include <cmath>
@@ -90,6 +92,30 @@ BOOST_AUTO_TEST_CASE(bf16_and_f16_read_exactly) {
     BOOST_TEST(h[5] == 0.333251953125);
 }
 
+// BF16 and F16 written: the bytes are the patterns autodiff/low_precision.hpp rounds to (ties to
+// even, subnormals, ±inf past the largest, NaN quiet), and they read back as the rounded values.
+// BF16: 1 + 2⁻⁸ (a tie: down to the even 1.0, 0x3f80), 1 + 3·2⁻⁸ (a tie: up to 0x3f82), −2.5,
+// 1.5·2⁻¹³³ (a subnormal tie: 0x0002), 1e39 (past the largest finite, 3.39e38: inf 0x7f80), NaN.
+// F16: 65520 (the tie past 65504: inf 0x7c00), 2⁻²⁵ (the tie with 0: +0), −1/3 (0xb555).
+BOOST_AUTO_TEST_CASE(bf16_and_f16_written_round_to_nearest_even) {
+    const Tensor<double> b(Shape{6}, std::vector<double>{1 + std::ldexp(1.0, -8), 1 + 3 * std::ldexp(1.0, -8), -2.5,
+                                                         1.5 * std::ldexp(1.0, -133), 1e39,
+                                                         std::numeric_limits<double>::quiet_NaN()});
+    const Tensor<double> h(Shape{3}, std::vector<double>{65520.0, std::ldexp(1.0, -25), -1.0 / 3});
+    const std::vector<SafetensorsTensor> tensors{{"b", SafetensorsDtype::bfloat16, b}, {"h", SafetensorsDtype::float16, h}};
+    const std::string bytes = safetensors_bytes(tensors);
+    const std::string data = bytes.substr(bytes.size() - 18);
+    BOOST_TEST(data == bytes_of({0x80, 0x3f, 0x82, 0x3f, 0x20, 0xc0, 0x02, 0x00, 0x80, 0x7f, 0xc0, 0x7f,  // BF16
+                                 0x00, 0x7c, 0x00, 0x00, 0x55, 0xb5}));                                  // F16
+    const std::vector<SafetensorsTensor> back = parse_safetensors(bytes);
+    BOOST_TEST_REQUIRE(back.size() == 2u);
+    BOOST_TEST((back[0].dtype == SafetensorsDtype::bfloat16 && back[1].dtype == SafetensorsDtype::float16));
+    for (std::size_t k = 0; k + 1 < b.size(); ++k) BOOST_TEST(back[0].value[k] == bfloat16_value(bfloat16_bits(b[k])));
+    BOOST_TEST(std::isnan(back[0].value[5]));
+    BOOST_TEST(back[1].value[0] == std::numeric_limits<double>::infinity());
+    BOOST_TEST(back[1].value[2] == -0.333251953125);
+}
+
 BOOST_AUTO_TEST_CASE(malformed_files_are_refused_naming_the_fault) {
     const std::string f64_one = bytes_of({0, 0, 0, 0, 0, 0, 0xf0, 0x3f});
     struct Row {
@@ -133,8 +159,6 @@ BOOST_AUTO_TEST_CASE(the_writer_refuses_what_it_cannot_store_and_a_failed_save_l
     const Tensor<double> x(Shape{2}, 1.0);
     const std::vector<SafetensorsTensor> twice{{"w", SafetensorsDtype::float64, x}, {"w", SafetensorsDtype::float64, x}};
     BOOST_TEST(message_of<usage_error>([&] { (void)safetensors_bytes(twice); }).find("'w' is empty, reserved or given twice") != std::string::npos);
-    const std::vector<SafetensorsTensor> bf16{{"w", SafetensorsDtype::bfloat16, x}};
-    BOOST_TEST(message_of<usage_error>([&] { (void)safetensors_bytes(bf16); }).find("stores F64 and F32, not BF16") != std::string::npos);
     const std::filesystem::path missing_dir = std::filesystem::temp_directory_path() / fmt::format("no_such_dir_{}", ::getpid());
     const std::vector<SafetensorsTensor> one{{"w", SafetensorsDtype::float64, x}};
     BOOST_TEST(message_of<io_error>([&] { save_safetensors(missing_dir / "w.safetensors", one); }).find("save_safetensors: cannot create") != std::string::npos);

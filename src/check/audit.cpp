@@ -5,6 +5,7 @@
 // largest contributors, runs with one node in low precision and every other one exact. The
 // computation only: its table, JSON and picture are src/check/audit_report.cpp.
 #include "check/audit.hpp"
+#include "autodiff/low_precision.hpp"
 
 #include "autodiff/mp50.hpp"
 #include "autodiff/rerun.hpp"
@@ -36,22 +37,13 @@ std::optional<Storage> storage_named(std::string_view name) {
 }
 
 double round_to(Storage storage, double x) {
-    // Round to nearest, ties to even, at `bits` significant bits, with gradual underflow below
-    // 2^min_exponent and overflow to inf past the format's largest finite value.
-    const auto to_format = [x](int bits, int min_exponent, double largest) {
-        if (!std::isfinite(x) || x == 0) return x;
-        const int exponent = std::max(std::ilogb(x), min_exponent);
-        const double quantum = std::ldexp(1.0, exponent - bits + 1);
-        const double rounded = std::nearbyint(x / quantum) * quantum;  // x / quantum is exact (a power of 2)
-        return std::fabs(rounded) > largest ? std::copysign(std::numeric_limits<double>::infinity(), x) : rounded;
-    };
-    switch (storage) {
+    switch (storage) {  // once from double, ties to even, gradual underflow, ±inf past the largest
         case Storage::recorded:
             return x;
         case Storage::bfloat16:
-            return to_format(8, -126, std::ldexp(255.0, 120));  // (2 − 2⁻⁷)·2¹²⁷
+            return round_to_half(bfloat16_format, x);
         case Storage::float16:
-            return to_format(11, -14, 65504.0);
+            return round_to_half(float16_format, x);
     }
     return x;
 }

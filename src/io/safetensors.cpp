@@ -3,6 +3,7 @@
 // anything is allocated, and each fault is named with the file and the tensor.
 #include "io/safetensors.hpp"
 #include "io/read_file.hpp"
+#include "autodiff/low_precision.hpp"
 #include "io/tape_file.hpp"  // write_file_atomically
 
 #include <nlohmann/json.hpp>
@@ -40,23 +41,12 @@ Word little_endian(const char* p) {
     return v;
 }
 
-/// IEEE binary16 to double, exactly (subnormals, infinities and NaN included).
-double half_to_double(std::uint16_t h) {
-    const int sign = h >> 15, exponent = (h >> 10) & 0x1f, fraction = h & 0x3ff;
-    double magnitude;
-    if (exponent == 0) magnitude = std::ldexp(double(fraction), -24);
-    else if (exponent == 31) magnitude = fraction == 0 ? std::numeric_limits<double>::infinity() : std::nan("");
-    else magnitude = std::ldexp(double(fraction | 0x400), exponent - 25);
-    return sign ? -magnitude : magnitude;
-}
-
 double element(SafetensorsDtype dtype, const char* p) {
     switch (dtype) {
         case SafetensorsDtype::float64: return std::bit_cast<double>(little_endian<std::uint64_t>(p));
         case SafetensorsDtype::float32: return std::bit_cast<float>(little_endian<std::uint32_t>(p));
-        case SafetensorsDtype::bfloat16:  // the upper half of a float32
-            return std::bit_cast<float>(std::uint32_t(little_endian<std::uint16_t>(p)) << 16);
-        case SafetensorsDtype::float16: return half_to_double(little_endian<std::uint16_t>(p));
+        case SafetensorsDtype::bfloat16: return bfloat16_value(little_endian<std::uint16_t>(p));
+        case SafetensorsDtype::float16: return float16_value(little_endian<std::uint16_t>(p));
     }
     return 0;
 }
@@ -195,6 +185,23 @@ std::vector<SafetensorsTensor> load_safetensors(const std::filesystem::path& pat
     return parse_safetensors(read_file_bytes(path, "load_safetensors"), path.string());
 }
 
+namespace {
+
+/// x as `dtype` stores it (little-endian order is the caller's): exact in F64; rounded to nearest,
+/// ties to even, in the others (float's own conversion for F32; autodiff/low_precision.hpp's,
+/// once from double, for BF16 and F16).
+std::uint64_t stored_bits(SafetensorsDtype dtype, double x) {
+    switch (dtype) {
+        case SafetensorsDtype::float64: return std::bit_cast<std::uint64_t>(x);
+        case SafetensorsDtype::float32: return std::bit_cast<std::uint32_t>(float(x));
+        case SafetensorsDtype::bfloat16: return bfloat16_bits(x);
+        case SafetensorsDtype::float16: return float16_bits(x);
+    }
+    return 0;
+}
+
+}  // namespace
+
 std::string safetensors_bytes(std::span<const SafetensorsTensor> tensors) {
     Json header = Json::object();
     std::string data;
@@ -202,14 +209,9 @@ std::string safetensors_bytes(std::span<const SafetensorsTensor> tensors) {
         if (t.name.empty() || t.name == "__metadata__" || header.contains(t.name)) {
             throw usage_error(fmt::format("save_safetensors: tensor name '{}' is empty, reserved or given twice", t.name));
         }
-        if (t.dtype != SafetensorsDtype::float64 && t.dtype != SafetensorsDtype::float32) {
-            throw usage_error(fmt::format("save_safetensors: tensor '{}': this writer stores F64 and F32, not {}",
-                                          t.name, safetensors_dtype_name(t.dtype)));
-        }
         const std::size_t begin = data.size();
         for (const double x : t.value.data()) {
-            const std::uint64_t bits = t.dtype == SafetensorsDtype::float64 ? std::bit_cast<std::uint64_t>(x)
-                                                                             : std::bit_cast<std::uint32_t>(float(x));
+            const std::uint64_t bits = stored_bits(t.dtype, x);
             for (std::size_t k = 0; k < item_size(t.dtype); ++k) data.push_back(char((bits >> (8 * k)) & 0xff));
         }
         const std::span<const std::size_t> dims = t.value.shape().dims();
