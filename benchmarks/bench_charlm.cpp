@@ -33,22 +33,18 @@
 #include "tapegrad.hpp"
 #include "host.hpp"
 #include "timing.hpp"
+#include "training.hpp"
 #include "tools/options.hpp"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
-#include <sys/resource.h>
-
-#include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <deque>
-#include <filesystem>
-#include <random>
+#include <functional>
+#include <limits>
 #include <string>
 #include <thread>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef TAPEGRAD_HAVE_TORCH
@@ -59,124 +55,64 @@ using namespace tapegrad;
 
 namespace {
 
+using bench::best_of;
 using timing::median;
-using timing::thread_seconds;
-
-Corpus benchmark_corpus() {
-    const std::vector<std::filesystem::path> files = default_corpus_files();
-    if (std::all_of(files.begin(), files.end(), [](const auto& f) { return std::filesystem::exists(f); })) {
-        return load_corpus(files);
-    }
-    fmt::print("note: the fortunes corpus is not installed; a random text stands in\n");
-    Corpus corpus;
-    for (char c = ' '; c <= '~'; ++c) corpus.alphabet += c;
-    corpus.alphabet += '\n';
-    std::sort(corpus.alphabet.begin(), corpus.alphabet.end());
-    std::mt19937_64 generator(5);
-    for (std::size_t k = 0; k < 200'000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
-    corpus.validation = corpus.train;
-    return corpus;
-}
 
 #ifdef TAPEGRAD_HAVE_TORCH
-template <class T>
-constexpr torch::ScalarType torch_type() {
-    return std::is_same_v<T, float> ? torch::kFloat : torch::kDouble;
-}
-
-template <class T>
-torch::Tensor to_torch(const Tensor<T>& t) {
-    std::vector<long> sizes;
-    for (std::size_t axis = 0; axis < t.rank(); ++axis) sizes.push_back(static_cast<long>(t.shape()[axis]));
-    return torch::from_blob(const_cast<T*>(t.data().data()), sizes, torch_type<T>()).clone();
-}
-
-torch::Tensor token_tensor(const std::vector<std::size_t>& tokens, std::size_t B) {
-    std::vector<long> values(tokens.begin(), tokens.end());
-    return torch::tensor(values, torch::kLong).view({static_cast<long>(B), -1});
-}
-
 // The model of models/transformer.hpp in LibTorch: the same parameters in the same layout (rows
 // projected as X·W), pre-norm blocks, causal multi-head attention scaled by 1/√dh, GELU (tanh),
-// tied output projection, mean cross-entropy. AdamW (decay on matrices only, as DecayScope::
-// matrices) and clip_grad_norm_ are LibTorch's own. The dtype is the initial parameters' (double
-// or float); LibTorch computes in it throughout, its optimizer's scalars in double as PyTorch's.
+// tied output projection, mean cross-entropy; trained by bench::TorchTraining (LibTorch's AdamW,
+// decay on matrices only, and clip_grad_norm_). The dtype is the initial parameters' (double or
+// float); LibTorch computes in it throughout, its optimizer's scalars in double as PyTorch's.
 class TorchCharLm {
 public:
     template <class T>
     TorchCharLm(const std::vector<Tensor<T>>& initial, const TransformerConfig& c, const CharLmSettings& s)
-        : config_(c), settings_(s), optimizer_(make_parameters(initial), adamw_options(s)) {}
+        : config_(c), training_(initial, s) {}
 
     double step(const CharBatch& batch, double rate) {
-        optimizer_.zero_grad();
-        const torch::Tensor loss = forward(batch);
-        loss.backward();
-        torch::nn::utils::clip_grad_norm_(parameters_, settings_.clip_norm);
-        for (auto& group : optimizer_.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(rate);
-        optimizer_.step();
-        return loss.item<double>();
+        return training_.step([&] { return forward(batch); }, rate);
     }
 
 private:
-    template <class T>
-    std::vector<torch::optim::OptimizerParamGroup> make_parameters(const std::vector<Tensor<T>>& initial) {
-        std::vector<torch::Tensor> matrices, vectors;
-        for (const Tensor<T>& t : initial) {
-            parameters_.push_back(to_torch(t).requires_grad_(true));
-            (t.rank() >= 2 ? matrices : vectors).push_back(parameters_.back());
-        }
-        std::vector<torch::optim::OptimizerParamGroup> groups;
-        groups.emplace_back(matrices);
-        groups.emplace_back(vectors, std::make_unique<torch::optim::AdamWOptions>(adamw_options(settings_).weight_decay(0)));
-        return groups;
-    }
-
-    static torch::optim::AdamWOptions adamw_options(const CharLmSettings& s) {
-        const AdamSettings a = s.adam();
-        return torch::optim::AdamWOptions(a.learning_rate)
-            .betas({a.beta1, a.beta2})
-            .eps(a.epsilon)
-            .weight_decay(a.weight_decay);
-    }
+    const torch::Tensor& parameter(std::size_t i) const { return training_.parameters()[i]; }
 
     torch::Tensor layer_norm(const torch::Tensor& X, std::size_t gain) const {
-        return torch::layer_norm(X, {static_cast<long>(config_.width)}, parameters_[gain], parameters_[gain + 1],
+        return torch::layer_norm(X, {static_cast<long>(config_.width)}, parameter(gain), parameter(gain + 1),
                                  config_.layer_norm.epsilon);
     }
 
     torch::Tensor attention(const torch::Tensor& a, std::size_t first) const {
         const long B = a.size(0), T = a.size(1), H = static_cast<long>(config_.heads), dh = a.size(2) / H;
         const auto heads = [&](const torch::Tensor& W) { return a.matmul(W).view({B, T, H, dh}).transpose(1, 2); };
-        const torch::Tensor Q = heads(parameters_[first]), K = heads(parameters_[first + 1]),
-                            V = heads(parameters_[first + 2]);
+        const torch::Tensor Q = heads(parameter(first)), K = heads(parameter(first + 1)),
+                            V = heads(parameter(first + 2));
         const torch::Tensor hidden = torch::ones({T, T}, torch::kBool).triu(1);  // key after query
         const torch::Tensor S = Q.matmul(K.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(dh)));
         const torch::Tensor A = torch::softmax(S.masked_fill(hidden, -std::numeric_limits<double>::infinity()), -1);
-        return A.matmul(V).transpose(1, 2).reshape({B, T, H * dh}).matmul(parameters_[first + 3]);
+        return A.matmul(V).transpose(1, 2).reshape({B, T, H * dh}).matmul(parameter(first + 3));
     }
 
     torch::Tensor forward(const CharBatch& batch) const {
-        const torch::Tensor tokens = token_tensor(batch.tokens, batch.size);
+        const torch::Tensor tokens = bench::token_tensor(batch.tokens, batch.size);
         const long T = tokens.size(1);
-        const torch::Tensor& E = parameters_[0];
-        torch::Tensor X = E.index_select(0, tokens.flatten()).view({tokens.size(0), T, -1}) +
-                          parameters_[1].slice(0, 0, T);
+        const torch::Tensor& E = parameter(0);
+        torch::Tensor X =
+            E.index_select(0, tokens.flatten()).view({tokens.size(0), T, -1}) + parameter(1).slice(0, 0, T);
         for (std::size_t l = 0; l < config_.layers; ++l) {
             const std::size_t b = 2 + 12 * l;  // ln1 gain, bias, W_Q, W_K, W_V, W_O, ln2 gain, bias, W_1, b_1, W_2, b_2
             X = X + attention(layer_norm(X, b), b + 2);
             const torch::Tensor hidden =
-                torch::gelu(layer_norm(X, b + 6).matmul(parameters_[b + 8]) + parameters_[b + 9], "tanh");
-            X = X + hidden.matmul(parameters_[b + 10]) + parameters_[b + 11];
+                torch::gelu(layer_norm(X, b + 6).matmul(parameter(b + 8)) + parameter(b + 9), "tanh");
+            X = X + hidden.matmul(parameter(b + 10)) + parameter(b + 11);
         }
-        const torch::Tensor logits = layer_norm(X, parameters_.size() - 2).matmul(E.t());
+        const torch::Tensor logits = layer_norm(X, training_.parameters().size() - 2).matmul(E.t());
         return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}),
-                                                    token_tensor(batch.targets, batch.size).flatten());
+                                                    bench::token_tensor(batch.targets, batch.size).flatten());
     }
 
     TransformerConfig config_;
-    CharLmSettings settings_;
-    std::vector<torch::Tensor> parameters_;
-    torch::optim::AdamW optimizer_;
+    bench::TorchTraining training_;
 };
 #endif
 
@@ -192,77 +128,7 @@ struct Side {
     }
     AttentionKernel kernel;
     BasicCharLmTrainer<T> trainer;
-    std::vector<double> rates;
 };
-
-// The highest rate of a contender's rounds (0 when it ran none: no LibTorch).
-double best_of(const std::vector<double>& rates) {
-    return rates.empty() ? 0.0 : *std::max_element(rates.begin(), rates.end());
-}
-
-// The median, best and overall lines of one tapegrad side against LibTorch's rates in the same
-// dtype (none without LibTorch). Every round times the same tokens, so all rounds' tokens over all
-// rounds' time (the run's throughput) is the harmonic mean of the rates.
-template <class T>
-void print_lines(const Side<T>& side, const std::vector<double>& theirs, const TransformerConfig& c) {
-    const auto overall = [](const std::vector<double>& v) {
-        double seconds_per_token = 0;
-        for (const double rate : v) seconds_per_token += 1.0 / rate;
-        return v.empty() ? 0.0 : static_cast<double>(v.size()) / seconds_per_token;
-    };
-    const auto line = [&](const char* statistic, double ours_rate, double theirs_rate) {
-        const std::string theirs_figures =
-            theirs.empty() ? std::string("libtorch_tokens_per_s=NA ratio=NA")
-                           : fmt::format("libtorch_tokens_per_s={:.0f} ratio={:.3f}", theirs_rate, ours_rate / theirs_rate);
-        fmt::print("charlm L={} D={} T={} tapegrad_tokens_per_s={:.0f} {} kernel={} statistic={} dtype={}\n", c.layers,
-                   c.width, c.context, ours_rate, theirs_figures, attention_kernel_name(side.kernel), statistic,
-                   dtype_name<T>());
-    };
-    line("median", median(side.rates), theirs.empty() ? 0.0 : median(theirs));
-    line("best", best_of(side.rates), best_of(theirs));
-    line("overall", overall(side.rates), overall(theirs));
-}
-
-#ifdef TAPEGRAD_HAVE_TORCH
-// LibTorch's GEMMs go to whatever libblas.so.3 the system selects (Debian's LibTorch is built with
-// BLAS_INFO=generic): the reference BLAS unless OpenBLAS provides it. The rate of one warm GEMM of
-// the MLP's shape (tokens × D times D × 4D) shows which, since it dominates LibTorch's step.
-void print_libtorch_gemm_rate(long tokens, long width, torch::ScalarType type) {
-    const torch::Tensor a = torch::rand({tokens, width}, type), b = torch::rand({width, 4 * width}, type);
-    for (int round = 0; round < 3; ++round) (void)a.mm(b);  // warm-up: BLAS start-up, first page faults
-    std::vector<double> samples;
-    for (int round = 0; round < 21; ++round) {
-        const double start = thread_seconds();
-        const torch::Tensor product = a.mm(b);
-        samples.push_back(thread_seconds() - start);
-    }
-    fmt::print("libtorch_gemm m={} k={} n={} gflops={:.1f} dtype={}\n", a.size(0), a.size(1), b.size(1),
-               2.0 * static_cast<double>(a.numel() * b.size(1)) / median(samples) / 1e9,
-               type == torch::kFloat ? "float32" : "float64");
-}
-#endif
-
-// The rate our compiled GEMM (the kernel every product of the step uses) reaches on one thread at
-// the MLP's shape (tokens × D times D × 4D), beside LibTorch's (OpenBLAS's) line above: the
-// fraction of this host's GEMM rate the products run at.
-template <std::floating_point T>
-void print_tapegrad_gemm_rate(std::size_t tokens, std::size_t width) {
-    std::mt19937_64 generator(7);
-    std::uniform_real_distribution<double> uniform(-1, 1);
-    const std::size_t m = tokens, k = width, n = 4 * width;
-    std::vector<T> a(m * k), b(k * n), c(m * n);
-    for (T& x : a) x = static_cast<T>(uniform(generator));
-    for (T& x : b) x = static_cast<T>(uniform(generator));
-    for (int round = 0; round < 3; ++round) kernels::gemm(kernels::Form::ab, m, n, k, a.data(), b.data(), c.data(), false);
-    std::vector<double> samples;
-    for (int round = 0; round < 21; ++round) {
-        const double start = thread_seconds();
-        kernels::gemm(kernels::Form::ab, m, n, k, a.data(), b.data(), c.data(), false);
-        samples.push_back(thread_seconds() - start);
-    }
-    fmt::print("tapegrad_gemm m={} k={} n={} gflops={:.1f} dtype={}\n", m, k, n,
-               2.0 * static_cast<double>(m * k * n) / median(samples) / 1e9, std::is_same_v<T, float> ? "float32" : "float64");
-}
 
 // Two threads against one on the float32 step. Two threads need the batch in two micro-batches
 // (two tapes, so each thread has a whole half to run; one batch on one tape leaves them only the
@@ -276,13 +142,11 @@ void bench_two_threads(const CharLmSettings& defaults, const Corpus& corpus, std
     CharLmSettings halves = defaults;
     halves.micro_batches = 2;
     BasicCharLmTrainer<float> whole(defaults, corpus), one(halves, corpus), two(halves, corpus);
-    const double tokens = static_cast<double>(defaults.batch * defaults.context * steps_per_round);
+    const double tokens = static_cast<double>(defaults.batch * defaults.context);
     std::vector<double> whole_rates, one_rates, two_rates;
     const auto rate = [&](BasicCharLmTrainer<float>& trainer, unsigned threads) {
         set_threads(threads);
-        const double start = timing::wall_seconds();
-        for (std::size_t s = 0; s < steps_per_round; ++s) trainer.step();
-        return tokens / (timing::wall_seconds() - start);
+        return bench::wall_rate([&] { trainer.step(); }, steps_per_round, tokens);
     };
     for (std::size_t round = 0; round < rounds; ++round) {
         whole_rates.push_back(rate(whole, 1));
@@ -303,31 +167,21 @@ void bench_two_threads(const CharLmSettings& defaults, const Corpus& corpus, std
     }
 }
 
-// The minor page faults this thread has taken so far: a round that maps fresh memory (an allocator
-// returning buffers to the system and asking again) pays one per 4 KiB page.
-long minor_faults() {
-    rusage usage{};
-    getrusage(RUSAGE_THREAD, &usage);
-    return usage.ru_minflt;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
-    std::size_t rounds = 41;  // 41: a steady median on a shared machine
-    bool per_round = false;
-    std::size_t steps_per_round = 2;
+    bench::RoundSettings rounds;
     try {  // numbers read the way every program of the project reads them (tools/options.hpp)
         for (int a = 1; a < argc; ++a) {
             const std::string argument = argv[a];
             if (argument == "--per-round") {
-                per_round = true;
+                rounds.per_round = true;
             } else if (argument == "--steps-per-round" && a + 1 < argc) {
-                steps_per_round =
+                rounds.steps_per_round =
                     cli::integer_argument("--steps-per-round", argv[++a], std::size_t{1}, std::size_t{1000});
             } else if (argument == "--rounds" && a + 1 < argc) {
-                rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
+                rounds.rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
             } else {
                 throw cli::usage_error(fmt::format("unknown argument '{}'", argv[a]));
             }
@@ -341,14 +195,10 @@ int main(int argc, char** argv) {
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(1);
 #endif
-    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-    const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
-    fmt::print("environment host_cpu=\"{}\" OPENBLAS_CORETYPE={} OPENBLAS_NUM_THREADS={} cpu={}\n", timing::cpu_model(),
-               coretype ? coretype : "unset", blas_threads ? blas_threads : "unset", cpu_level_name(cpu_level()));
-
+    bench::print_environment_line();
     timing::print_host_line();
     const CharLmSettings settings{};  // the example's defaults
-    const Corpus corpus = benchmark_corpus();
+    const Corpus corpus = bench::benchmark_corpus();
     std::deque<Side<double>> ours;
     for (const AttentionKernel kernel : {AttentionKernel::fused, AttentionKernel::composed}) {
         ours.emplace_back(settings, kernel, corpus);
@@ -356,14 +206,23 @@ int main(int argc, char** argv) {
     std::deque<Side<float>> ours_float;  // the example's default kernel
     ours_float.emplace_back(settings, AttentionKernel::fused, corpus);
     const TransformerConfig& c = ours.front().trainer.config();
-    const double tokens_per_step = static_cast<double>(settings.batch * settings.context);
-    std::vector<double> theirs_rates, theirs_float_rates;
+    rounds.tokens_per_step = static_cast<double>(settings.batch * settings.context);
+    const std::size_t tokens = settings.batch * settings.context;
 
-    print_tapegrad_gemm_rate<double>(static_cast<std::size_t>(tokens_per_step), c.width);
-    print_tapegrad_gemm_rate<float>(static_cast<std::size_t>(tokens_per_step), c.width);
+    // The MLP's product, tokens × D times D × 4D, at which the GEMM lines compare the two engines.
+    bench::print_tapegrad_gemm_rate<double>(tokens, c.width, 4 * c.width);
+    bench::print_tapegrad_gemm_rate<float>(tokens, c.width, 4 * c.width);
+    std::vector<bench::Contender> contenders;
+    for (Side<double>& side : ours) {
+        contenders.push_back({fmt::format("tapegrad_float64_{}", attention_kernel_name(side.kernel)),
+                              [&side] { side.trainer.step(); },
+                              {}});
+    }
 #ifdef TAPEGRAD_HAVE_TORCH
-    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kDouble);
-    print_libtorch_gemm_rate(static_cast<long>(tokens_per_step), static_cast<long>(c.width), torch::kFloat);
+    for (const torch::ScalarType type : {torch::kDouble, torch::kFloat}) {
+        bench::print_libtorch_gemm_rate(static_cast<long>(tokens), static_cast<long>(c.width),
+                                        static_cast<long>(4 * c.width), type);
+    }
     TorchCharLm theirs(ours.front().trainer.parameters(), c, settings);
     TorchCharLm theirs_float(ours_float.front().trainer.parameters(), c, settings);
     std::size_t their_steps = 0, their_float_steps = 0;
@@ -374,62 +233,40 @@ int main(int argc, char** argv) {
             return loss;
         };
     };
-    const auto their_step = stepper(theirs, their_steps);
-    const auto their_float_step = stepper(theirs_float, their_float_steps);
+    const std::function<double()> their_step = stepper(theirs, their_steps);
+    const std::function<double()> their_float_step = stepper(theirs_float, their_float_steps);
     // Same computation first: the losses of the first steps must agree (all from one start).
-    constexpr std::size_t checked_steps = 3;
-    const auto agreement = [&](auto& sides, const auto& step, const char* dtype, double tolerance) {
-        double worst = 0;
-        for (std::size_t s = 0; s < checked_steps; ++s) {
-            const double b = step();
-            for (auto& side : sides) worst = std::max(worst, std::abs(side.trainer.step() - b) / std::abs(b));
-        }
-        if (!(worst <= tolerance)) {
-            fmt::print("WARNING: the first {} losses differ from LibTorch's by {:.3g} (relative)\n", dtype, worst);
-        }
-        fmt::print("agreement first_{}_losses_max_relative_difference={:.2e} dtype={}\n", checked_steps, worst, dtype);
+    const auto our_steps = [](auto& sides) {
+        std::vector<std::function<double()>> steps;
+        for (auto& side : sides) steps.push_back([&side] { return side.trainer.step(); });
+        return steps;
     };
-    agreement(ours, their_step, "float64", 1e-9);
-    agreement(ours_float, their_float_step, "float32", 1e-5);
+    bench::check_agreement(their_step, our_steps(ours), "float64", 1e-9);
+    bench::check_agreement(their_float_step, our_steps(ours_float), "float32", 1e-5);
+    contenders.push_back({"libtorch_float64", [&] { their_step(); }, {}});
 #endif
-    std::size_t round = 0;
-    const auto timed_rate = [&](const char* contender, const auto& step) {
-        const long faults = minor_faults();
-        const double start = thread_seconds(), wall_start = timing::wall_seconds();
-        std::vector<double> step_ms;
-        for (std::size_t s = 0; s < steps_per_round; ++s) {
-            const double step_start = thread_seconds();
-            step();
-            step_ms.push_back(1e3 * (thread_seconds() - step_start));
-        }
-        const double seconds = thread_seconds() - start, wall = timing::wall_seconds() - wall_start;
-        const double rate = tokens_per_step * static_cast<double>(steps_per_round) / seconds;
-        if (per_round) {
-            fmt::print(
-                "round {} contender={} tokens_per_s={:.0f} step_ms={:.2f} minor_faults={} wall_over_cpu={:.3f}\n",
-                round, contender, rate, fmt::join(step_ms, ","), minor_faults() - faults, wall / seconds);
-        }
-        return rate;
+    for (Side<float>& side : ours_float)
+        contenders.push_back({"tapegrad_float32_fused", [&side] { side.trainer.step(); }, {}});
+#ifdef TAPEGRAD_HAVE_TORCH
+    contenders.push_back({"libtorch_float32", [&] { their_float_step(); }, {}});
+#endif
+    bench::run_rounds(contenders, rounds);
+    const auto rates_of = [&](std::string_view name) {
+        for (const bench::Contender& contender : contenders)
+            if (contender.name == name) return contender.rates;
+        return std::vector<double>{};
     };
-    for (; round < rounds; ++round) {
-        for (Side<double>& side : ours) {
-            const std::string name = fmt::format("tapegrad_float64_{}", attention_kernel_name(side.kernel));
-            side.rates.push_back(timed_rate(name.c_str(), [&] { side.trainer.step(); }));
-        }
-#ifdef TAPEGRAD_HAVE_TORCH
-        theirs_rates.push_back(timed_rate("libtorch_float64", their_step));
-#endif
-        for (Side<float>& side : ours_float) {
-            side.rates.push_back(timed_rate("tapegrad_float32_fused", [&] { side.trainer.step(); }));
-        }
-#ifdef TAPEGRAD_HAVE_TORCH
-        theirs_float_rates.push_back(timed_rate("libtorch_float32", their_float_step));
-#endif
+    const std::string model = fmt::format("charlm L={} D={} T={}", c.layers, c.width, c.context);
+    for (const Side<double>& side : ours) {
+        const std::string_view kernel = attention_kernel_name(side.kernel);
+        bench::print_ratio_lines(model, rates_of(fmt::format("tapegrad_float64_{}", kernel)),
+                                 rates_of("libtorch_float64"), kernel, "float64");
     }
-    for (const Side<double>& side : ours) print_lines(side, theirs_rates, c);
-    for (const Side<float>& side : ours_float) print_lines(side, theirs_float_rates, c);
-    if (std::thread::hardware_concurrency() > 1) bench_two_threads(settings, corpus, rounds, steps_per_round);
+    bench::print_ratio_lines(model, rates_of("tapegrad_float32_fused"), rates_of("libtorch_float32"), "fused",
+                             "float32");
+    if (std::thread::hardware_concurrency() > 1)
+        bench_two_threads(settings, corpus, rounds.rounds, rounds.steps_per_round);
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,
-               steps_per_round, rounds);
+               rounds.steps_per_round, rounds.rounds);
     return 0;
 }
