@@ -19,6 +19,7 @@
 
 #include "tapegrad.hpp"
 #include "host.hpp"
+#include "live_heap.hpp"
 #include "ops/fused_attention.hpp"
 #include "tools/options.hpp"
 
@@ -27,7 +28,6 @@
 #endif
 
 #include <fmt/format.h>
-#include <malloc.h>
 #include <sys/resource.h>
 #include <time.h>
 
@@ -40,65 +40,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-// ---- live heap accounting (glibc: the program's malloc family wraps libc's) ----
-extern "C" {
-void* __libc_malloc(std::size_t);
-void __libc_free(void*);
-void* __libc_calloc(std::size_t, std::size_t);
-void* __libc_realloc(void*, std::size_t);
-void* __libc_memalign(std::size_t, std::size_t);
-}
-
-namespace heap {
-std::atomic<long long> live{0};
-std::atomic<long long> peak{0};
-inline void grew(void* p) {
-    if (p == nullptr) return;
-    const long long now = live += static_cast<long long>(malloc_usable_size(p));
-    long long seen = peak.load(std::memory_order_relaxed);
-    while (now > seen && !peak.compare_exchange_weak(seen, now)) {
-    }
-}
-inline void shrinks(void* p) {
-    if (p != nullptr) live -= static_cast<long long>(malloc_usable_size(p));
-}
-}  // namespace heap
-
-extern "C" {
-void* malloc(std::size_t size) {
-    void* p = __libc_malloc(size);
-    heap::grew(p);
-    return p;
-}
-void free(void* p) {
-    heap::shrinks(p);
-    __libc_free(p);
-}
-void* calloc(std::size_t count, std::size_t size) {
-    void* p = __libc_calloc(count, size);
-    heap::grew(p);
-    return p;
-}
-void* realloc(void* old, std::size_t size) {
-    heap::shrinks(old);
-    void* p = __libc_realloc(old, size);
-    heap::grew(p != nullptr ? p : (size != 0 ? old : nullptr));  // a failed realloc keeps `old`
-    return p;
-}
-void* memalign(std::size_t alignment, std::size_t size) {
-    void* p = __libc_memalign(alignment, size);
-    heap::grew(p);
-    return p;
-}
-void* aligned_alloc(std::size_t alignment, std::size_t size) { return memalign(alignment, size); }
-int posix_memalign(void** out, std::size_t alignment, std::size_t size) {
-    void* p = memalign(alignment, size);
-    if (p == nullptr) return 12;  // ENOMEM
-    *out = p;
-    return 0;
-}
-}
 
 namespace {
 
