@@ -1,7 +1,8 @@
 # Resume test for train_charlm (run by CTest, see examples/CMakeLists.txt): 6 steps in one run,
 # against 3 steps, save, load, 3 more. Every checkpoint file of the two runs must be identical.
 # TRAINER (the program), ARGUMENTS (the small model's options, a list) and WORK (a scratch
-# directory) are given with -D.
+# directory) are given with -D; MODEL, when given, is the family the checkpoint's manifest must name
+# (so that a run of another family than asked for cannot pass).
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(train)
@@ -14,6 +15,12 @@ endfunction()
 train(--save ${WORK}/whole)
 train(--stop-after 3 --save ${WORK}/first_half)
 train(--load ${WORK}/first_half --save ${WORK}/resumed)
+if(DEFINED MODEL)
+  file(STRINGS ${WORK}/whole/manifest.txt model_line REGEX "^model ")
+  if(NOT model_line STREQUAL "model ${MODEL}")
+    message(FATAL_ERROR "the checkpoint's manifest says '${model_line}', not 'model ${MODEL}'")
+  endif()
+endif()
 file(GLOB files RELATIVE ${WORK}/whole ${WORK}/whole/*)
 list(LENGTH files count)
 if(count LESS 10)

@@ -1,8 +1,13 @@
 // Trains the character-level language model of models/charlm.hpp on the prose files of Debian's
 // `fortunes` package: AdamW, warm-up + cosine decay, gradient clipping, validation in bits per
 // character, checkpoints that resume exactly, and a sample from a prompt.
-//   train_charlm [--steps N] [--stop-after K] [--dtype float32] [--save DIR [--save-every N]]
-//                [--load DIR] [--prompt TEXT] ...
+//   train_charlm [--model gpt2|llama] [--steps N] [--stop-after K] [--dtype float32]
+//                [--save DIR [--save-every N]] [--load DIR] [--prompt TEXT] ...
+// --model llama trains the LLaMA-style decoder of models/llama.hpp (RoPE, RMSNorm, grouped-query
+// attention with --kv-heads key/value heads, a SwiGLU MLP of width --hidden, logits through Eᵀ
+// unless --untied) instead of the GPT-2-shaped transformer, with every other option the same; its
+// defaults hold as many parameters as the GPT-2 default's (to 64), and the model line prints both
+// families' counts at the run's sizes. A checkpoint of the other family is refused by name.
 // (--help lists every option). Progress is a bar on a terminal and plain lines otherwise. With
 // --curve FILE.png and gnuplot on the PATH, the loss and validation curves are drawn; --curve-data
 // writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
@@ -43,7 +48,9 @@ using namespace tapegrad;
 namespace po = boost::program_options;
 
 struct RunOptions {
-    CharLmSettings model;
+    CharLmSettings settings;
+    std::string model{char_lm_model_name(CharLmSettings{}.model)};
+    bool untied = false;
     std::size_t stop_after = 0;  // 0: run to --steps
     std::size_t eval_every = 200;
     std::size_t eval_windows = 64;
@@ -59,14 +66,17 @@ struct RunOptions {
 };
 
 // Refuses a run whose one training step cannot fit in this machine's memory, before the corpus is
-// read. A lower bound on the step's tape: per block at least 20 tensors of B×T×D values (ln1, Q,
-// K, V, O, the projection, the residuals, ln2, the MLP's output and bias, and the 4D-wide MLP
-// product, bias and GELU at four each), with the composed kernel also the scores S and weights A
-// (B·H·T² each), and a gradient of each. Measured: the default model at T = 4096 peaked at 4.2 GB
+// read. A lower bound on the step's tape: per block at least 8 tensors of B×T×D values (the two
+// norms, Q, K, V, O, the projection, the residuals and the MLP's output) and the MLP's wide ones:
+// GPT-2's 4D-wide product, bias and GELU (12·D values a row), the decoder's F-wide gate, up, SiLU
+// and their product (4·F a row); with the composed kernel also the scores S and weights A (B·H·T²
+// each); and a gradient of each. Measured: the default GPT-2 model at T = 4096 peaked at 4.2 GB
 // resident where this says 2.7 GB. value_bytes: 8 for float64, 4 for float32.
 void require_memory_for(const CharLmSettings& m, std::size_t value_bytes) {
     const double rows = static_cast<double>(m.batch) * static_cast<double>(m.context);
-    double per_block = 20.0 * rows * static_cast<double>(m.width);
+    const double mlp =
+        m.model == CharLmModel::llama ? 4.0 * static_cast<double>(m.hidden) : 12.0 * static_cast<double>(m.width);
+    double per_block = rows * (8.0 * static_cast<double>(m.width) + mlp);
     if (m.kernel == AttentionKernel::composed) per_block += 2.0 * rows * static_cast<double>(m.heads * m.context);
     const double values_and_gradients = 2.0;
     cli::require_memory(values_and_gradients * per_block * static_cast<double>(m.layers) * static_cast<double>(value_bytes),
@@ -74,19 +84,61 @@ void require_memory_for(const CharLmSettings& m, std::size_t value_bytes) {
                         fmt::format("--context {} --batch {} --width {} --layers {}", m.context, m.batch, m.width, m.layers));
 }
 
+// The decoder's own options given to the GPT-2 model, or sizes the decoder cannot take: refused.
+void check_family_options(const RunOptions& r, const po::variables_map& values) {
+    const CharLmSettings& m = r.settings;
+    if (m.model == CharLmModel::gpt2) {
+        for (const char* option : {"kv-heads", "hidden", "untied"}) {
+            if (!values[option].defaulted()) {
+                throw cli::usage_error(fmt::format("--{} shapes the llama decoder; the gpt2 model has none: give "
+                                                   "--model llama",
+                                                   option));
+            }
+        }
+        return;
+    }
+    if ((m.width / m.heads) % 2 != 0) {
+        throw cli::usage_error(fmt::format("--model llama rotates pairs of a head's coordinates (RoPE): --width / "
+                                           "--heads must be even (width {}, heads {})",
+                                           m.width, m.heads));
+    }
+    if (m.heads % m.kv_heads != 0) {
+        throw cli::usage_error(
+            fmt::format("--kv-heads must divide --heads (kv-heads {}, heads {})", m.kv_heads, m.heads));
+    }
+}
+
+// A typed setting read from its option's text: the library's refusal becomes a usage error naming
+// the option.
+template <class Read>
+auto typed_option(std::string_view option, Read read) {
+    try {
+        return read();
+    } catch (const tapegrad::error& e) {
+        throw cli::usage_error(fmt::format("--{}: {}", option, e.what()));
+    }
+}
+
 // The options, or nothing when --help was asked for.
 std::optional<RunOptions> parse(int argc, char** argv) {
     RunOptions r;
-    CharLmSettings& m = r.model;
+    CharLmSettings& m = r.settings;
     po::options_description description("train_charlm options");
     using cli::integer;
     constexpr std::size_t one = 1, none = 0;
     description.add_options()("help", "this text")
+        ("model", po::value(&r.model)->default_value(r.model), "gpt2 (models/transformer.hpp) or llama (the "
+                                                              "decoder of models/llama.hpp)")
         ("steps", integer(&m.steps, one)->default_value(m.steps), "optimizer steps (the schedule's length)")
         ("stop-after", integer(&r.stop_after, none)->default_value(0), "stop (and save) after this many steps, 0: at --steps")
         ("layers", integer(&m.layers, one)->default_value(m.layers), "transformer blocks L")
         ("width", integer(&m.width, one)->default_value(m.width), "model width D")
         ("heads", integer(&m.heads, one)->default_value(m.heads), "attention heads")
+        ("kv-heads", integer(&m.kv_heads, one)->default_value(m.kv_heads), "llama: key/value heads, dividing --heads "
+                                                                          "(grouped-query attention)")
+        ("hidden", integer(&m.hidden, one)->default_value(m.hidden), "llama: the SwiGLU MLP's width F (the default "
+                                                                    "matches the gpt2 model's parameter count)")
+        ("untied", po::bool_switch(&r.untied), "llama: logits through a W_out of their own instead of Eᵀ")
         ("context", integer(&m.context, one)->default_value(m.context), "characters per sequence T")
         ("batch", integer(&m.batch, one)->default_value(m.batch), "sequences per step")
         ("warmup", integer(&m.warmup, none)->default_value(m.warmup), "warm-up steps")
@@ -145,14 +197,13 @@ std::optional<RunOptions> parse(int argc, char** argv) {
     if (!storage_named(r.audit_storage)) {
         throw cli::usage_error(fmt::format("--audit-storage must be recorded, bfloat16 or float16, not '{}'", r.audit_storage));
     }
-    try {
-        m.kernel = attention_kernel_from(r.kernel);
-    } catch (const tapegrad::error& e) {
-        throw cli::usage_error(fmt::format("--kernel: {}", e.what()));
-    }
+    m.kernel = typed_option("kernel", [&] { return attention_kernel_from(r.kernel); });
+    m.model = typed_option("model", [&] { return char_lm_model_from(r.model); });
+    m.tied = !r.untied;
     if (m.width % m.heads != 0) {
         throw cli::usage_error(fmt::format("--width must be a multiple of --heads (width {}, heads {})", m.width, m.heads));
     }
+    check_family_options(r, values);
     require_memory_for(m, r.dtype == "float32" ? sizeof(float) : sizeof(double));
     return r;
 }
@@ -255,9 +306,31 @@ int audit_one_step(BasicCharLmTrainer<T>& trainer, const RunOptions& r) {
     return EXIT_SUCCESS;
 }
 
+// The family and the sizes that shape it, as the network holds them (what is trained, not what
+// was asked for).
+std::string model_sizes(const CharLmNetwork& network) {
+    std::string text{char_lm_model_name(model_of(network))};
+    for (const auto& [key, value] : sizes_of(network)) text += fmt::format(" {}={}", key, value);
+    return text;
+}
+
+// The other family at the run's sizes (the decoder with its own sizes as the settings hold them)
+// and its parameter count: the comparison the decoder's default F was chosen for.
+std::string other_family(const CharLmSettings& m, std::size_t vocabulary) {
+    CharLmSettings other = m;
+    other.model = m.model == CharLmModel::gpt2 ? CharLmModel::llama : CharLmModel::gpt2;
+    const CharLmNetwork network = char_lm_network(other, vocabulary);
+    try {
+        check_network(network);
+    } catch (const value_error&) {
+        return fmt::format("{} does not fit these sizes", char_lm_model_name(other.model));
+    }
+    return fmt::format("{}: {} parameters", model_sizes(network), parameter_values(network));
+}
+
 template <std::floating_point T>
 int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesystem::path>& files) {
-    BasicCharLmTrainer<T> trainer(r.model, corpus);
+    BasicCharLmTrainer<T> trainer(r.settings, corpus);
     if (!r.load.empty()) {
         const std::filesystem::path read = trainer.load(r.load);
         if (read != std::filesystem::path(r.load)) {
@@ -265,15 +338,15 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                        read.string());
         }
     }
-    const std::size_t last = r.stop_after ? std::min(r.stop_after, r.model.steps) : r.model.steps;
+    const std::size_t last = r.stop_after ? std::min(r.stop_after, r.settings.steps) : r.settings.steps;
     fmt::print("corpus: {} files, {} training and {} validation characters, alphabet of {}\n", files.size(),
                corpus.train.size(), corpus.validation.size(), corpus.alphabet.size());
-    fmt::print("model: L={} D={} heads={} T={} batch={}{}, {} parameters, {} attention, {}; steps {}..{} of {}; {} thread(s)\n",
-               r.model.layers, r.model.width, r.model.heads, r.model.context, r.model.batch,
-               r.model.micro_batches > 1 ? fmt::format(" in {} micro-batches", r.model.micro_batches) : std::string(),
-               [&] { std::size_t n = 0; for (const auto& p : trainer.parameters()) n += p.size(); return n; }(),
-               attention_kernel_name(r.model.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, r.model.steps,
-               r.threads);
+    const CharLmSettings& m = r.settings;
+    fmt::print("model: {} batch={}{}, {} parameters (against {}), {} attention, {}; steps {}..{} of {}; {} thread(s)\n",
+               model_sizes(trainer.network()), m.batch,
+               m.micro_batches > 1 ? fmt::format(" in {} micro-batches", m.micro_batches) : std::string(),
+               parameter_values(trainer.network()), other_family(m, corpus.alphabet.size()),
+               attention_kernel_name(m.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, m.steps, r.threads);
     if (r.check_step) return check_one_step(trainer, r.save_tape);
     if (r.audit_step) return audit_one_step(trainer, r);
     const auto start = std::chrono::steady_clock::now();
@@ -313,8 +386,8 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
         if (!r.curve.empty()) draw_curve(r.curve, data);
     }
     if (r.sample_length > 0) {
-        fmt::print("sample (seed {}) after \"{}\":\n{}{}\n", r.model.seed, r.prompt, r.prompt,
-                   trainer.sample(r.prompt, r.sample_length, r.model.seed));
+        fmt::print("sample (seed {}) after \"{}\":\n{}{}\n", m.seed, r.prompt, r.prompt,
+                   trainer.sample(r.prompt, r.sample_length, m.seed));
     }
     return EXIT_SUCCESS;
 }

@@ -1,23 +1,30 @@
 /// \file
-/// A character-level language model on real text: the transformer of models/transformer.hpp
+/// A character-level language model on real text: either the GPT-2-shaped transformer of
+/// models/transformer.hpp or the LLaMA-style decoder of models/llama.hpp (CharLmSettings::model),
 /// trained with AdamW, warm-up + cosine decay and global-norm clipping (models/optimizer.hpp) on
 /// text from Debian's `fortunes` package. The pieces examples/train_charlm.cpp and the tests use:
-///   * CharLmSettings: the model size and the training schedule (typed, with their defaults);
+///   * CharLmSettings: the model family and size and the training schedule (typed, with their
+///     defaults; the decoder's defaults hold as many parameters as the GPT-2 model's, to 64);
+///   * CharLmGpt2, CharLmLlama: what the trainer needs of each family (its config from the
+///     settings, the sizes a checkpoint records, the loss of a batch, the logits of a block
+///     continuing a cache); CharLmNetwork holds one of them, and the trainer is the same for both;
 ///   * Corpus: plain-text files read in the given order, cleaned, split into training and
 ///     validation text, encoded over the alphabet of characters that occur;
 ///   * BasicCharLmTrainer<T> (T = double, CharLmTrainer, or float): parameters, optimizer, one
 ///     reused Tape<T> per micro-batch; a step on the batch of a given step number (drawn from a
 ///     generator seeded by (seed, step), so a resumed run draws the same batches), its
 ///     micro-batches on as many threads as the threads setting gives, the validation loss,
-///     checkpoints (one .npy per parameter and per Adam moment in T, plus a manifest naming T, written
-///     atomically; find_checkpoint finds the last complete one after a killed save) and sampling
-///     from a prompt through the memory path.
+///     checkpoints (one .npy per parameter and per Adam moment in T, plus a manifest naming the
+///     model family, its sizes and T, written atomically; find_checkpoint finds the last complete
+///     one after a killed save) and sampling from a prompt through the model's cache (the
+///     transformer's memory of rows, the decoder's keys and values).
 #pragma once
 
 #include "autodiff/parallel.hpp"
 #include "io/npy.hpp"
 #include "io/read_file.hpp"
 #include "io/tape_file.hpp"
+#include "models/llama.hpp"
 #include "models/optimizer.hpp"
 #include "models/transformer.hpp"
 
@@ -41,14 +48,43 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
 namespace tapegrad {
 
+/// The model families the char-LM trains (CharLmSettings::model, train_charlm --model).
+enum class CharLmModel {
+    gpt2,   ///< models/transformer.hpp: learned positions, layer norms, GELU MLP, tied output
+    llama,  ///< models/llama.hpp: RoPE, RMSNorm, grouped-query attention, SwiGLU MLP
+};
+
+constexpr std::string_view char_lm_model_name(CharLmModel model) {
+    return model == CharLmModel::llama ? "llama" : "gpt2";
+}
+
+/// The family a command line names ("gpt2" or "llama").
+inline CharLmModel char_lm_model_from(std::string_view name) {
+    for (const CharLmModel model : {CharLmModel::gpt2, CharLmModel::llama}) {
+        if (name == char_lm_model_name(model)) return model;
+    }
+    throw usage_error(fmt::format("the char-LM's model must be 'gpt2' or 'llama', not '{}'", name));
+}
+
 struct CharLmSettings {
+    CharLmModel model = CharLmModel::gpt2;
     std::size_t layers = 2;
     std::size_t width = 64;
     std::size_t heads = 4;
+    /// The decoder's own sizes (model llama; the GPT-2 model has none of them): key/value heads
+    /// (grouped-query attention: 2 for 4 query heads), the SwiGLU MLP's width F, and the logits
+    /// through Eᵀ (tied, as the GPT-2 model's always are) or a W_out of their own. F = 205 gives
+    /// the default decoder 103,616 + V·D parameters against the GPT-2 default's 103,680 + V·D
+    /// (tests/test_checkpoints.cpp holds both counts).
+    std::size_t kv_heads = 2;
+    std::size_t hidden = 205;
+    bool tied = true;
     std::size_t context = 64;   ///< T: characters per training sequence
     std::size_t batch = 16;     ///< sequences per step
     std::size_t steps = 6000;   ///< S: the schedule's length
@@ -68,22 +104,121 @@ struct CharLmSettings {
     /// one part changes the gradients' last bits against one part (sums split in two).
     std::size_t micro_batches = 1;
 
-    TransformerConfig model(std::size_t vocabulary) const {
-        TransformerConfig c;
-        c.vocabulary = vocabulary;
-        c.context = context;
-        c.width = width;
-        c.heads = heads;
-        c.layers = layers;
-        c.seed = seed;
-        c.kernel = kernel;
-        return c;
-    }
     AdamSettings adam() const {
         return AdamSettings{.learning_rate = peak_rate, .beta2 = beta2, .weight_decay = weight_decay};
     }
     WarmupCosine schedule() const { return {peak_rate, warmup, steps, floor_ratio}; }
 };
+
+/// A checkpoint's "key value" lines that a resume must match, in manifest order.
+using CharLmSizes = std::vector<std::pair<std::string, std::string>>;
+
+/// The GPT-2-shaped transformer as the trainer uses it. Its parameters' names, shapes and
+/// initialisation are models/transformer.hpp's functions of `config`.
+struct CharLmGpt2 {
+    static constexpr CharLmModel model = CharLmModel::gpt2;
+    template <Scalar T>
+    using Cache = TransformerMemory<T>;
+    TransformerConfig config;
+
+    CharLmGpt2(const CharLmSettings& s, std::size_t vocabulary)
+        : config{.vocabulary = vocabulary, .context = s.context, .width = s.width, .heads = s.heads,
+                 .layers = s.layers, .kernel = s.kernel, .seed = s.seed} {}
+
+    /// value_error (models/transformer.hpp's) for sizes the model cannot take.
+    void check() const { check_transformer_config(config); }
+
+    CharLmSizes sizes() const {
+        return {{"layers", fmt::format("{}", config.layers)}, {"width", fmt::format("{}", config.width)},
+                {"heads", fmt::format("{}", config.heads)}, {"context", fmt::format("{}", config.context)}};
+    }
+    template <Scalar T>
+    Var<T> loss(std::span<const Var<T>> leaves, std::span<const std::size_t> tokens,
+                std::span<const std::size_t> targets, std::size_t batch) const {
+        return transformer_loss(TransformerVars<T>::from(leaves, config), config, tokens, targets, batch);
+    }
+    /// logits [1, n, V] of n tokens continuing the one sequence `cache` holds (which then holds them).
+    template <Scalar T>
+    Var<T> logits(std::span<const Var<T>> leaves, std::span<const std::size_t> block, Cache<T>& cache) const {
+        return transformer_logits(TransformerVars<T>::from(leaves, config), config, block, 1, {.memory = &cache});
+    }
+};
+
+/// The LLaMA-style decoder as the trainer uses it: RoPE (base 10000, interleaved pairs), RMSNorm
+/// (ε = 1e-6), the settings' kv_heads, hidden and tied, the attention kernel the settings name.
+/// Its parameters' names, shapes and initialisation are models/llama.hpp's functions of `config`.
+struct CharLmLlama {
+    static constexpr CharLmModel model = CharLmModel::llama;
+    template <Scalar T>
+    using Cache = LlamaCache<T>;
+    LlamaConfig config;
+
+    CharLmLlama(const CharLmSettings& s, std::size_t vocabulary)
+        : config{.vocabulary = vocabulary, .context = s.context, .width = s.width, .heads = s.heads,
+                 .kv_heads = s.kv_heads, .layers = s.layers, .hidden = s.hidden, .tied = s.tied,
+                 .kernel = s.kernel, .seed = s.seed} {}
+
+    /// value_error (models/llama.hpp's) for sizes the decoder cannot take.
+    void check() const { check_llama_config(config); }
+
+    CharLmSizes sizes() const {
+        return {{"layers", fmt::format("{}", config.layers)},     {"width", fmt::format("{}", config.width)},
+                {"heads", fmt::format("{}", config.heads)},       {"kv_heads", fmt::format("{}", config.kv_heads)},
+                {"hidden", fmt::format("{}", config.hidden)},     {"tied", config.tied ? "yes" : "no"},
+                {"context", fmt::format("{}", config.context)}};
+    }
+    template <Scalar T>
+    Var<T> loss(std::span<const Var<T>> leaves, std::span<const std::size_t> tokens,
+                std::span<const std::size_t> targets, std::size_t batch) const {
+        return llama_loss(LlamaVars<T>::from(leaves, config), config, tokens, targets, batch);
+    }
+    /// logits [1, n, V] of n tokens continuing the one sequence `cache` holds (which then holds them).
+    template <Scalar T>
+    Var<T> logits(std::span<const Var<T>> leaves, std::span<const std::size_t> block, Cache<T>& cache) const {
+        return llama_logits(LlamaVars<T>::from(leaves, config), config, block, 1, &cache);
+    }
+};
+
+/// The model a trainer trains: one of the families above, chosen by CharLmSettings::model.
+using CharLmNetwork = std::variant<CharLmGpt2, CharLmLlama>;
+
+inline CharLmNetwork char_lm_network(const CharLmSettings& s, std::size_t vocabulary) {
+    if (s.model == CharLmModel::llama) return CharLmLlama(s, vocabulary);
+    return CharLmGpt2(s, vocabulary);
+}
+
+inline CharLmModel model_of(const CharLmNetwork& network) {
+    return std::visit([](const auto& family) { return family.model; }, network);
+}
+
+inline void check_network(const CharLmNetwork& network) {
+    std::visit([](const auto& family) { family.check(); }, network);
+}
+
+inline std::vector<std::string> parameter_names(const CharLmNetwork& network) {
+    return std::visit([](const auto& family) { return parameter_names(family.config); }, network);
+}
+
+inline std::vector<Shape> parameter_shapes(const CharLmNetwork& network) {
+    return std::visit([](const auto& family) { return parameter_shapes(family.config); }, network);
+}
+
+/// The initial parameters (GPT-2's initialisation); throws check_network's value_error for sizes
+/// the family cannot take.
+inline std::vector<Tensor<double>> initial_parameters(const CharLmNetwork& network) {
+    return std::visit([](const auto& family) { return initial_parameters(family.config); }, network);
+}
+
+inline CharLmSizes sizes_of(const CharLmNetwork& network) {
+    return std::visit([](const auto& family) { return family.sizes(); }, network);
+}
+
+/// The number of scalars the parameters hold (a config's parameter_count() counts tensors).
+inline std::size_t parameter_values(const CharLmNetwork& network) {
+    std::size_t total = 0;
+    for (const Shape& shape : parameter_shapes(network)) total += shape.size();
+    return total;
+}
 
 /// The default corpus: prose files of /usr/share/games/fortunes (Debian package `fortunes`), in
 /// this order; the other files there are ASCII art, binary indexes (.dat) or links (.u8).
@@ -179,15 +314,17 @@ constexpr std::string_view dtype_name() {
 /// T = double or float: the parameters, their gradients (the tape is a Tape<T>) and Adam's moments
 /// are all T, as in PyTorch's float32 training (models/optimizer.hpp says which scalars stay
 /// double). Losses are returned, and validation losses summed, in double. A float trainer starts
-/// from the double initialisation rounded to float, so both types start from the same draw.
+/// from the double initialisation rounded to float, so both types start from the same draw. The
+/// model is the family settings.model names; everything else is the same for both.
 template <std::floating_point T>
 class BasicCharLmTrainer {
 public:
     BasicCharLmTrainer(const CharLmSettings& settings, const Corpus& corpus)
         : settings_(settings),
           corpus_(corpus),
-          config_(settings.model(corpus.alphabet.size())),
-          parameters_(initial(config_)),
+          network_(char_lm_network(settings, corpus.alphabet.size())),
+          names_(parameter_names(network_)),
+          parameters_(initial(network_)),
           adam_(settings.adam()) {
         if (settings.micro_batches == 0 || settings.micro_batches > settings.batch) {
             throw value_error(fmt::format("charlm: micro_batches is {}; it must be 1 to the batch size ({})",
@@ -222,10 +359,10 @@ public:
                 starts.push_back(w * available / count * context);
             }
             const CharBatch batch = windows_at(corpus_.validation, starts, context);
-            const auto vars = record_parameters(tapes_.front());
+            const std::vector<Var<T>> leaves = record_parameters(tapes_.front());
             total += static_cast<double>(starts.size()) *
-                     static_cast<double>(transformer_loss(vars, config_, std::span<const std::size_t>(batch.tokens),
-                                                          std::span<const std::size_t>(batch.targets), batch.size)
+                     static_cast<double>(mean_loss(leaves, std::span<const std::size_t>(batch.tokens),
+                                                   std::span<const std::size_t>(batch.targets), batch.size)
                                              .value()
                                              .item());
         }
@@ -235,7 +372,27 @@ public:
     std::size_t steps_done() const { return adam_.steps(); }
     double last_gradient_norm() const { return last_norm_; }
     const std::vector<Tensor<T>>& parameters() const { return parameters_; }
-    const TransformerConfig& config() const { return config_; }
+    const CharLmNetwork& network() const { return network_; }
+    /// The model's config: TransformerConfig (the default: a GPT-2 trainer's, as before the
+    /// decoder) or LlamaConfig; asking for the other family's throws usage_error.
+    template <class Config = TransformerConfig>
+    const Config& config() const {
+        const Config* found = std::visit(
+            [](const auto& family) -> const Config* {
+                if constexpr (std::is_same_v<std::remove_cvref_t<decltype(family.config)>, Config>) {
+                    return &family.config;
+                } else {
+                    return nullptr;
+                }
+            },
+            network_);
+        if (found == nullptr) {
+            throw usage_error(fmt::format("charlm: config() asked for another family's config than this trainer's "
+                                          "model, {}",
+                                          char_lm_model_name(model_of(network_))));
+        }
+        return *found;
+    }
     /// The tape of the last step as it ran (graph, values, gradients) and its loss J, until the next
     /// step or validation clears it: what check_gradients(tape, J) checks in place. With several
     /// micro-batches, the first one's tape and its mean loss.
@@ -249,28 +406,36 @@ public:
     std::string sample(const std::string& prompt, std::size_t length, std::uint64_t seed, double temperature = 1.0);
 
 private:
-    static std::vector<Tensor<T>> initial(const TransformerConfig& c) {
+    static std::vector<Tensor<T>> initial(const CharLmNetwork& network) {
         if constexpr (std::is_same_v<T, double>) {
-            return initial_parameters(c);
+            return initial_parameters(network);
         } else {
             std::vector<Tensor<T>> rounded;
-            for (const Tensor<double>& p : initial_parameters(c)) rounded.push_back(tensor_cast<T>(p));
+            for (const Tensor<double>& p : initial_parameters(network)) rounded.push_back(tensor_cast<T>(p));
             return rounded;
         }
     }
     /// The parameters as named leaves of `tape`, cleared (copied as they are: no conversion).
-    TransformerVars<T> record_parameters(Tape<T>& tape) const {
+    std::vector<Var<T>> record_parameters(Tape<T>& tape) const {
         tape.clear();
-        const std::vector<std::string> names = parameter_names(config_);
         std::vector<Var<T>> leaves;
-        for (std::size_t i = 0; i < parameters_.size(); ++i) leaves.push_back(tape.leaf(parameters_[i], names[i]));
-        return TransformerVars<T>::from(leaves, config_);
+        for (std::size_t i = 0; i < parameters_.size(); ++i) leaves.push_back(tape.leaf(parameters_[i], names_[i]));
+        return leaves;
+    }
+    /// The family's mean next-token loss of B sequences, from the leaves record_parameters made.
+    Var<T> mean_loss(std::span<const Var<T>> leaves, std::span<const std::size_t> tokens,
+                     std::span<const std::size_t> targets, std::size_t batch) const {
+        return std::visit([&](const auto& family) { return family.loss(leaves, tokens, targets, batch); }, network_);
     }
     double forward_backward(const CharBatch& batch);
+    template <class Family>
+    std::string sample_from(const Family& family, const std::string& prompt, std::size_t length, std::uint64_t seed,
+                            double temperature);
 
     CharLmSettings settings_;
     const Corpus& corpus_;
-    TransformerConfig config_;
+    CharLmNetwork network_;
+    std::vector<std::string> names_;  ///< the parameters' names, in their order
     std::vector<Tensor<T>> parameters_;
     BasicAdam<T> adam_;
     std::deque<Tape<T>> tapes_;  ///< one per micro-batch (tapes do not move: a deque keeps them in place)
@@ -296,13 +461,12 @@ double BasicCharLmTrainer<T>::forward_backward(const CharBatch& batch) {
     losses_.assign(parts, Var<T>{});
     parallel_for(parts, [&](std::size_t part, unsigned) {
         const std::size_t first = first_sequence(part), count = first_sequence(part + 1) - first;
-        const TransformerVars<T> vars = record_parameters(tapes_[part]);
+        leaves[part] = record_parameters(tapes_[part]);
         const auto window = [&](const std::vector<std::size_t>& v) {
             return std::span<const std::size_t>(v).subspan(first * context, count * context);
         };
-        losses_[part] = transformer_loss(vars, config_, window(batch.tokens), window(batch.targets), count);
+        losses_[part] = mean_loss(leaves[part], window(batch.tokens), window(batch.targets), count);
         tapes_[part].backward(losses_[part]);
-        leaves[part] = vars.all();
     });
     gradients_.resize(parameters_.size());
     gradient_pointers_.clear();
@@ -330,15 +494,17 @@ inline std::string hex(const std::string& text) {
     return out;
 }
 
-/// The manifest: format line, step count, the alphabet, the model size, the scalar type, then one
-/// line per parameter. A checkpoint written before float training has no dtype line: float64.
-inline std::string manifest(const TransformerConfig& c, const std::string& alphabet, std::size_t steps,
+/// The manifest: format line, step count, the alphabet, the model family and its sizes, the scalar
+/// type, then one line per parameter. A checkpoint written before float training has no dtype
+/// line (float64), one written before the decoder no model line (gpt2).
+inline std::string manifest(const CharLmNetwork& network, const std::string& alphabet, std::size_t steps,
                             std::string_view dtype) {
-    std::string text = fmt::format("tapegrad-charlm-checkpoint 1\nsteps_done {}\nalphabet {}\nlayers {}\nwidth {}\n"
-                                   "heads {}\ncontext {}\ndtype {}\n",
-                                   steps, hex(alphabet), c.layers, c.width, c.heads, c.context, dtype);
-    const std::vector<std::string> names = parameter_names(c);
-    const std::vector<Shape> shapes = parameter_shapes(c);
+    std::string text = fmt::format("tapegrad-charlm-checkpoint 1\nsteps_done {}\nalphabet {}\nmodel {}\n", steps,
+                                   hex(alphabet), char_lm_model_name(model_of(network)));
+    for (const auto& [key, value] : sizes_of(network)) text += fmt::format("{} {}\n", key, value);
+    text += fmt::format("dtype {}\n", dtype);
+    const std::vector<std::string> names = parameter_names(network);
+    const std::vector<Shape> shapes = parameter_shapes(network);
     for (std::size_t i = 0; i < names.size(); ++i) text += fmt::format("parameter {} {}\n", names[i], shapes[i].to_string());
     return text;
 }
@@ -354,6 +520,47 @@ inline std::map<std::string, std::string> read_manifest(const std::filesystem::p
         throw io_error(fmt::format("charlm: '{}' is not a tapegrad char-LM checkpoint", (directory / "manifest.txt").string()));
     }
     return fields;
+}
+
+/// The manifest's value for `key`; an io_error naming the key when it lacks it.
+inline std::string field_of(const std::map<std::string, std::string>& fields, const std::string& key) {
+    const auto at = fields.find(key);
+    if (at == fields.end()) throw io_error(fmt::format("charlm: checkpoint manifest lacks '{}'", key));
+    return at->second;
+}
+
+/// Refuses (value_error, naming the checkpoint's and this run's) a checkpoint of another model
+/// family, other sizes, another corpus (alphabet) or another scalar type; io_error for a manifest
+/// that lacks one of the sizes. No silent conversion: a float64 run resumed in float32 would not be
+/// the run it claims to continue (convert the .npy files explicitly if that is what is wanted).
+inline void require_same_run(const std::filesystem::path& directory, const std::map<std::string, std::string>& fields,
+                             const CharLmNetwork& network, const std::string& alphabet, std::string_view dtype) {
+    const auto field = [&](const std::string& key) { return field_of(fields, key); };
+    const std::string_view model = char_lm_model_name(model_of(network));
+    const std::string saved_model = fields.contains("model") ? fields.at("model") : "gpt2";
+    if (saved_model != model) {
+        throw value_error(fmt::format("charlm: checkpoint '{}' holds the {} model, this run trains the {} model: "
+                                      "resume it with --model {}",
+                                      directory.string(), saved_model, model, saved_model));
+    }
+    std::string expected, found;
+    for (const auto& [key, value] : sizes_of(network)) {
+        expected += fmt::format("{} {}, ", key, value);
+        found += fmt::format("{} {}, ", key, field(key));
+    }
+    expected += "alphabet " + hex(alphabet);
+    found += "alphabet " + field("alphabet");
+    if (found != expected) {
+        throw value_error(fmt::format("charlm: checkpoint '{}' is for another model or corpus (checkpoint: {} {}; "
+                                      "this run: {} {})",
+                                      directory.string(), saved_model, found, model, expected));
+    }
+    const std::string saved_dtype = fields.contains("dtype") ? fields.at("dtype") : "float64";
+    if (saved_dtype != dtype) {
+        throw value_error(fmt::format("charlm: checkpoint '{}' holds {} parameters and moments, this run trains in {}: "
+                                      "resume it with --dtype {}",
+                                      directory.string(), saved_dtype, dtype, saved_dtype));
+    }
 }
 
 /// Test-only hook for examples/charlm_kill_resume.py, which must SIGKILL a save at a known moment:
@@ -429,20 +636,20 @@ void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     try {
         fs::remove_all(partial);
         fs::create_directories(partial);
-        const std::vector<std::string> names = parameter_names(config_);
         const auto& state = adam_.state();
-        for (std::size_t i = 0; i < names.size(); ++i) {
+        for (std::size_t i = 0; i < names_.size(); ++i) {
             const Tensor<T> zero(parameters_[i].shape());
-            write_file_atomically((partial / ("param." + names[i] + ".npy")).string(), npy_bytes(parameters_[i], dtype),
-                                  "charlm");
-            write_file_atomically((partial / ("adam_m." + names[i] + ".npy")).string(),
+            write_file_atomically((partial / ("param." + names_[i] + ".npy")).string(),
+                                  npy_bytes(parameters_[i], dtype), "charlm");
+            write_file_atomically((partial / ("adam_m." + names_[i] + ".npy")).string(),
                                   npy_bytes(state.first.empty() ? zero : state.first[i], dtype), "charlm");
-            write_file_atomically((partial / ("adam_v." + names[i] + ".npy")).string(),
+            write_file_atomically((partial / ("adam_v." + names_[i] + ".npy")).string(),
                                   npy_bytes(state.second.empty() ? zero : state.second[i], dtype), "charlm");
-            if (i + 1 == names.size() / 2) charlm_files::test_pause("files", adam_.steps());
+            if (i + 1 == names_.size() / 2) charlm_files::test_pause("files", adam_.steps());
         }
         write_file_atomically((partial / "manifest.txt").string(),
-                              charlm_files::manifest(config_, corpus_.alphabet, adam_.steps(), dtype_name<T>()), "charlm");
+                              charlm_files::manifest(network_, corpus_.alphabet, adam_.steps(), dtype_name<T>()),
+                              "charlm");
         fs::remove_all(previous);
         if (fs::exists(directory)) fs::rename(directory, previous);
         charlm_files::test_pause("renamed", adam_.steps());
@@ -456,52 +663,32 @@ void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     }
 }
 
-/// Reads the checkpoint find_checkpoint(directory) finds; refuses one of another model size,
-/// alphabet or scalar type (no silent conversion: a float64 run resumed in float32 would not be
-/// the run it claims to continue; convert the .npy files explicitly if that is what is wanted).
+/// Reads the checkpoint find_checkpoint(directory) finds; refuses one of another model family or
+/// size, alphabet or scalar type (charlm_files::require_same_run).
 template <std::floating_point T>
 std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& requested) {
     const std::filesystem::path directory = find_checkpoint(requested);
     const auto fields = charlm_files::read_manifest(directory);
-    const auto field = [&](const std::string& key) {
-        const auto at = fields.find(key);
-        if (at == fields.end()) throw io_error(fmt::format("charlm: checkpoint manifest lacks '{}'", key));
-        return at->second;
-    };
-    const std::string expected = fmt::format("{} {} {} {} {}", config_.layers, config_.width, config_.heads,
-                                             config_.context, charlm_files::hex(corpus_.alphabet));
-    const std::string found = fmt::format("{} {} {} {} {}", field("layers"), field("width"), field("heads"),
-                                          field("context"), field("alphabet"));
-    if (found != expected) {
-        throw value_error(fmt::format("charlm: checkpoint '{}' is for another model or corpus (layers width heads "
-                                      "context alphabet: {}; this run: {})",
-                                      directory.string(), found, expected));
-    }
-    const std::string dtype = fields.contains("dtype") ? fields.at("dtype") : "float64";
-    if (dtype != dtype_name<T>()) {
-        throw value_error(fmt::format("charlm: checkpoint '{}' holds {} parameters and moments, this run trains in {}: "
-                                      "resume it with --dtype {}",
-                                      directory.string(), dtype, dtype_name<T>(), dtype));
-    }
+    charlm_files::require_same_run(directory, fields, network_, corpus_.alphabet, dtype_name<T>());
     const NpyDtype expected_dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
     const auto read = [&](const std::filesystem::path& file) {
         const std::string bytes = read_file_bytes(file, "charlm");
         const std::string source = fmt::format("'{}'", file.string());
         if (parse_npy_header(bytes, source).dtype != expected_dtype) {
-            throw value_error(fmt::format("charlm: '{}' is not {} as its manifest says", file.string(), dtype));
+            throw value_error(
+                fmt::format("charlm: '{}' is not {} as its manifest says", file.string(), dtype_name<T>()));
         }
         return parse_npy<T>(bytes, source);
     };
-    const std::vector<std::string> names = parameter_names(config_);
     BasicAdamState<T> state;
-    state.steps = std::stoul(field("steps_done"));
+    state.steps = std::stoul(charlm_files::field_of(fields, "steps_done"));
     std::vector<Tensor<T>> loaded;
-    for (std::size_t i = 0; i < names.size(); ++i) {
-        loaded.push_back(read(directory / ("param." + names[i] + ".npy")));
-        state.first.push_back(read(directory / ("adam_m." + names[i] + ".npy")));
-        state.second.push_back(read(directory / ("adam_v." + names[i] + ".npy")));
+    for (std::size_t i = 0; i < names_.size(); ++i) {
+        loaded.push_back(read(directory / ("param." + names_[i] + ".npy")));
+        state.first.push_back(read(directory / ("adam_m." + names_[i] + ".npy")));
+        state.second.push_back(read(directory / ("adam_v." + names_[i] + ".npy")));
         if (!(loaded[i].shape() == parameters_[i].shape())) {
-            throw value_error(fmt::format("charlm: checkpoint parameter {} is {}, the model needs {}", names[i],
+            throw value_error(fmt::format("charlm: checkpoint parameter {} is {}, the model needs {}", names_[i],
                                           loaded[i].shape().to_string(), parameters_[i].shape().to_string()));
         }
     }
@@ -512,28 +699,38 @@ std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& r
 
 /// `length` characters after `prompt`, each drawn from softmax(logits / temperature) with a
 /// generator seeded by `seed`. The prompt goes through the model as one block, then every new
-/// character as a block of one, through the memory (query_offset = the characters held). When the
-/// context is full, the memory starts again from the last half of the context. The logits are T;
-/// the drawing is done in double.
+/// character as a block of one, through the family's cache (positions continue from the
+/// characters held). When the context is full, the cache starts again from the last half of the
+/// context. The logits are T; the drawing is done in double.
 template <std::floating_point T>
 std::string BasicCharLmTrainer<T>::sample(const std::string& prompt, std::size_t length, std::uint64_t seed,
                                           double temperature) {
+    return std::visit([&](const auto& family) { return sample_from(family, prompt, length, seed, temperature); },
+                      network_);
+}
+
+template <std::floating_point T>
+template <class Family>
+std::string BasicCharLmTrainer<T>::sample_from(const Family& family, const std::string& prompt, std::size_t length,
+                                               std::uint64_t seed, double temperature) {
     std::mt19937_64 generator(seed);
     std::vector<std::size_t> history;
     for (const char c : clean_text(prompt)) history.push_back(corpus_.token_of(c));
     if (history.empty()) history.push_back(corpus_.token_of('\n'));
     std::string text;
-    TransformerMemory<T> memory;
-    std::vector<std::size_t> block(history.end() - static_cast<std::ptrdiff_t>(std::min(history.size(), config_.context - 1)), history.end());
+    const std::size_t context = settings_.context, V = corpus_.alphabet.size();
+    typename Family::template Cache<T> cache;
+    std::vector<std::size_t> block(history.end() - static_cast<std::ptrdiff_t>(std::min(history.size(), context - 1)),
+                                   history.end());
     for (std::size_t n = 0; n < length; ++n) {
-        if (memory.length + block.size() > config_.context) {
-            memory = {};
-            block.assign(history.end() - static_cast<std::ptrdiff_t>(config_.context / 2), history.end());
+        if (cache.length + block.size() > context) {
+            cache = {};
+            block.assign(history.end() - static_cast<std::ptrdiff_t>(context / 2), history.end());
         }
-        const auto vars = record_parameters(tapes_.front());
+        const std::vector<Var<T>> leaves = record_parameters(tapes_.front());
         const Tensor<T> logits =
-            transformer_logits(vars, config_, std::span<const std::size_t>(block), 1, {.memory = &memory}).value();
-        const std::size_t V = config_.vocabulary, last = (block.size() - 1) * V;
+            family.logits(std::span<const Var<T>>(leaves), std::span<const std::size_t>(block), cache).value();
+        const std::size_t last = (block.size() - 1) * V;
         const auto logit = [&](std::size_t v) { return static_cast<double>(logits[last + v]); };
         double largest = logit(0), total = 0;
         for (std::size_t v = 0; v < V; ++v) largest = std::max(largest, logit(v));

@@ -8,7 +8,11 @@
 // and a save of step 4 killed (SIGKILL, through the save's test pause hook, in a forked child)
 // half way through its files leaves the newest complete checkpoint of the layout findable, killed
 // between its two renames leaves step 4 findable, and run to its end leaves step 4 in DIR alone;
-// a save whose second rename fails puts DIR.previous back as DIR.
+// a save whose second rename fails puts DIR.previous back as DIR. The same trainer trains the
+// LLaMA-style decoder (CharLmSettings::model): its parameter count at the defaults against the
+// GPT-2 model's, its checkpoints (family and sizes in the manifest, an exact resume), the refusal
+// of a checkpoint of the other family or of other decoder sizes (a manifest without a model line
+// is GPT-2's, as every one written before the decoder), and its sampling through its cache.
 #define BOOST_TEST_MODULE checkpoints
 #include "support.hpp"
 #include "models/charlm.hpp"
@@ -17,6 +21,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,6 +42,38 @@ Corpus random_corpus() {
     for (std::size_t k = 0; k < 2000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
     corpus.validation = corpus.train;
     return corpus;
+}
+
+// The decoder at the small size (models/llama.hpp through the same trainer): grouped-query
+// attention, 2 query heads over 1 key/value head, a SwiGLU MLP of width 24, tied output.
+CharLmSettings small_llama() {
+    CharLmSettings settings = small_charlm();
+    settings.model = CharLmModel::llama;
+    settings.kv_heads = 1;
+    settings.hidden = 24;
+    return settings;
+}
+
+std::vector<std::string> manifest_lines(const fs::path& checkpoint) {
+    std::ifstream manifest(checkpoint / "manifest.txt");
+    std::vector<std::string> lines;
+    for (std::string line; std::getline(manifest, line);) lines.push_back(line);
+    return lines;
+}
+
+bool has_line(const std::vector<std::string>& lines, const std::string& line) {
+    return std::find(lines.begin(), lines.end(), line) != lines.end();
+}
+
+// A copy of the checkpoint `saved` as `target`, its manifest without the line of `key`.
+void copy_without_manifest_line(const fs::path& saved, const fs::path& target, const std::string& key) {
+    fs::remove_all(target);
+    fs::copy(saved, target);
+    std::string text;
+    for (const std::string& line : manifest_lines(saved)) {
+        if (!line.starts_with(key + " ")) text += line + "\n";
+    }
+    std::ofstream(target / "manifest.txt") << text;
 }
 
 // What one of DIR, DIR.partial, DIR.previous holds. A save writes the manifest last, so a directory
@@ -166,14 +203,11 @@ BOOST_AUTO_TEST_CASE(the_three_checkpoints_are_distinguishable) {
 BOOST_AUTO_TEST_CASE(the_manifest_names_every_parameter_and_load_refuses_what_does_not_match) {
     const Fixture fixture;
     const fs::path saved = fixture.source(current_steps);
-    const TransformerConfig config = small_charlm().model(fixture.corpus.alphabet.size());
+    const TransformerConfig config = CharLmGpt2(small_charlm(), fixture.corpus.alphabet.size()).config;
     const std::vector<std::string> names = parameter_names(config);
     const std::vector<Shape> shapes = parameter_shapes(config);
-    std::ifstream manifest(saved / "manifest.txt");
-    std::vector<std::string> parameter_lines;
-    for (std::string line; std::getline(manifest, line);) {
-        if (line.starts_with("parameter ")) parameter_lines.push_back(line);
-    }
+    std::vector<std::string> parameter_lines = manifest_lines(saved);
+    std::erase_if(parameter_lines, [](const std::string& line) { return !line.starts_with("parameter "); });
     BOOST_TEST_REQUIRE(parameter_lines.size() == names.size());
     for (std::size_t i = 0; i < names.size(); ++i) {
         BOOST_TEST(parameter_lines[i] == fmt::format("parameter {} {}", names[i], shapes[i].to_string()));
@@ -191,16 +225,7 @@ BOOST_AUTO_TEST_CASE(the_manifest_names_every_parameter_and_load_refuses_what_do
                                   "--dtype float64") != std::string::npos, dtype_refusal);
 
     const fs::path damaged = fixture.root / "damaged";
-    fs::remove_all(damaged);
-    fs::copy(saved, damaged);
-    std::string text;
-    {
-        std::ifstream in(saved / "manifest.txt");
-        for (std::string line; std::getline(in, line);) {
-            if (!line.starts_with("heads ")) text += line + "\n";
-        }
-    }
-    std::ofstream(damaged / "manifest.txt") << text;
+    copy_without_manifest_line(saved, damaged, "heads");
     CharLmTrainer resumed(small_charlm(), fixture.corpus);
     const std::string lacking = testing::message_of<io_error>([&] { resumed.load(damaged); });
     BOOST_TEST(lacking.find("checkpoint manifest lacks 'heads'") != std::string::npos, lacking);
@@ -343,4 +368,157 @@ BOOST_AUTO_TEST_CASE(a_save_killed_between_its_renames_or_finished_gives_the_new
             BOOST_TEST(!fs::exists(fixture.with_suffix(".previous")));
         }
     }
+}
+
+// ---- The LLaMA-style decoder through the same trainer -------------------------------------------
+
+namespace {
+
+// A scratch directory of its own, removed at the end.
+struct Scratch {
+    fs::path root;
+    explicit Scratch(const std::string& name)
+        : root(fs::temp_directory_path() / fmt::format("tapegrad_checkpoints_{}_{}", name, ::getpid())) {
+        fs::remove_all(root);
+        fs::create_directories(root);
+    }
+    ~Scratch() { fs::remove_all(root); }
+};
+
+}  // namespace
+
+// The counts the decoder's default F was chosen by. GPT-2: per block 4D² + 2DM + 5D + M (M = 4D),
+// positions T·D and the final norm's 2D; the decoder: per block 2D + D² + 2·D·(H_kv·dh) + D² +
+// 3·D·F and the final gain's D; both V·D for the tied embedding. At the defaults (L 2, D 64, H 4,
+// H_kv 2, dh 16, F 205, T 64): 103,680 + V·D against 103,616 + V·D, and F = 205 is the widest MLP
+// whose decoder does not outgrow the GPT-2 model.
+BOOST_AUTO_TEST_CASE(the_default_decoder_holds_as_many_parameters_as_the_default_gpt2_model) {
+    const CharLmSettings gpt2{};
+    CharLmSettings llama{};
+    llama.model = CharLmModel::llama;
+    BOOST_TEST((gpt2.model == CharLmModel::gpt2));  // the default family, as before the decoder
+    const std::size_t L = 2, D = 64, M = 4 * D, T = 64, H = 4, kv_width = 2 * (D / H), F = 205, V = 93;
+    BOOST_TEST_REQUIRE((gpt2.layers == L && gpt2.width == D && gpt2.heads == H && gpt2.context == T));
+    BOOST_TEST_REQUIRE((llama.kv_heads * (D / H) == kv_width && llama.hidden == F && llama.tied));
+    const std::size_t gpt2_count = parameter_values(char_lm_network(gpt2, V));
+    const std::size_t llama_count = parameter_values(char_lm_network(llama, V));
+    BOOST_TEST(gpt2_count == L * (4 * D * D + 2 * D * M + 5 * D + M) + T * D + 2 * D + V * D);
+    BOOST_TEST(llama_count == L * (2 * D + D * D + 2 * D * kv_width + D * D + 3 * D * F) + D + V * D);
+    BOOST_TEST(gpt2_count == 103'680 + V * D);
+    BOOST_TEST(llama_count == 103'616 + V * D);
+    llama.hidden = F + 1;
+    BOOST_TEST(parameter_values(char_lm_network(llama, V)) > gpt2_count);
+}
+
+// A decoder checkpoint: the manifest names the family, its sizes (kv_heads, hidden, tied among
+// them) and every parameter with its shape; a resume restores parameters and Adam's moments (the
+// next step of both ends with the same bits). The trainer's config is the decoder's; asking it
+// for the GPT-2 config is refused by name.
+BOOST_AUTO_TEST_CASE(a_decoder_checkpoint_names_its_family_and_sizes_and_resumes_exactly) {
+    const Scratch scratch("llama");
+    const Corpus corpus = random_corpus();
+    CharLmTrainer trainer(small_llama(), corpus);
+    trainer.step();
+    trainer.step();
+    trainer.save(scratch.root / "llama");
+    const std::vector<std::string> lines = manifest_lines(scratch.root / "llama");
+    for (const char* line : {"model llama", "layers 1", "width 16", "heads 2", "kv_heads 1", "hidden 24", "tied yes",
+                             "context 16", "dtype float64", "steps_done 2"}) {
+        BOOST_TEST(has_line(lines, line), "'" << line << "' missing from the manifest");
+    }
+    const LlamaConfig& config = trainer.config<LlamaConfig>();
+    const std::vector<std::string> names = parameter_names(config);
+    const std::vector<Shape> shapes = parameter_shapes(config);
+    BOOST_TEST(names.size() == 11u);  // E, 9 in the one block, the final gain: no W_out when tied
+    for (std::size_t i = 0; i < names.size(); ++i) {
+        BOOST_TEST(has_line(lines, fmt::format("parameter {} {}", names[i], shapes[i].to_string())), names[i]);
+    }
+
+    CharLmTrainer resumed(small_llama(), corpus);
+    resumed.load(scratch.root / "llama");
+    BOOST_TEST(resumed.steps_done() == 2u);
+    BOOST_TEST((resumed.parameters() == trainer.parameters()));
+    BOOST_TEST(resumed.step() == trainer.step());
+    BOOST_TEST((resumed.parameters() == trainer.parameters()));
+
+    const std::string other = testing::message_of<usage_error>([&] { (void)trainer.config(); });
+    BOOST_TEST(other.find("this trainer's model, llama") != std::string::npos, other);
+}
+
+// Resuming across families is refused both ways with a message naming both (and the option that
+// would resume it); a decoder checkpoint resumed with other kv_heads, hidden or tied is refused
+// with both sizes named, the checkpoint's and the run's.
+BOOST_AUTO_TEST_CASE(a_checkpoint_of_the_other_family_or_other_decoder_sizes_is_refused_naming_both) {
+    const Scratch scratch("families");
+    const Corpus corpus = random_corpus();
+    CharLmTrainer gpt2(small_charlm(), corpus), llama(small_llama(), corpus);
+    gpt2.step();
+    llama.step();
+    gpt2.save(scratch.root / "gpt2");
+    llama.save(scratch.root / "llama");
+
+    CharLmTrainer as_llama(small_llama(), corpus), as_gpt2(small_charlm(), corpus);
+    const std::string into_llama = testing::message_of<value_error>([&] { as_llama.load(scratch.root / "gpt2"); });
+    BOOST_TEST(into_llama.find("holds the gpt2 model, this run trains the llama model: resume it with --model gpt2") !=
+                   std::string::npos,
+               into_llama);
+    const std::string into_gpt2 = testing::message_of<value_error>([&] { as_gpt2.load(scratch.root / "llama"); });
+    BOOST_TEST(into_gpt2.find("holds the llama model, this run trains the gpt2 model: resume it with --model llama") !=
+                   std::string::npos,
+               into_gpt2);
+
+    struct Change {
+        std::string saved, asked;  // the manifest's size and the run's
+        void (*apply)(CharLmSettings&);
+    };
+    for (const Change& change : {Change{"kv_heads 1", "kv_heads 2", [](CharLmSettings& s) { s.kv_heads = 2; }},
+                                 Change{"hidden 24", "hidden 25", [](CharLmSettings& s) { s.hidden = 25; }},
+                                 Change{"tied yes", "tied no", [](CharLmSettings& s) { s.tied = false; }}}) {
+        BOOST_TEST_CONTEXT(change.asked) {
+            CharLmSettings settings = small_llama();
+            change.apply(settings);
+            CharLmTrainer other(settings, corpus);
+            const std::string refusal = testing::message_of<value_error>([&] { other.load(scratch.root / "llama"); });
+            const std::size_t split = refusal.find("; this run: ");
+            BOOST_TEST_REQUIRE(split != std::string::npos, refusal);
+            BOOST_TEST(refusal.find("is for another model or corpus (checkpoint: llama") != std::string::npos, refusal);
+            BOOST_TEST(refusal.substr(0, split).find(change.saved) != std::string::npos, refusal);
+            BOOST_TEST(refusal.substr(split).find("this run: llama") != std::string::npos, refusal);
+            BOOST_TEST(refusal.substr(split).find(change.asked) != std::string::npos, refusal);
+        }
+    }
+}
+
+// A checkpoint written before the decoder has no model line: it is a GPT-2 checkpoint, resumed by
+// the GPT-2 model and refused by the decoder as one.
+BOOST_AUTO_TEST_CASE(a_manifest_without_a_model_line_is_a_gpt2_checkpoint) {
+    const Fixture fixture;
+    const fs::path saved = fixture.source(current_steps), older = fixture.root / "before_the_decoder";
+    BOOST_TEST(has_line(manifest_lines(saved), "model gpt2"));
+    copy_without_manifest_line(saved, older, "model");
+    const std::vector<std::string> lines = manifest_lines(older);
+    BOOST_TEST_REQUIRE(
+        std::none_of(lines.begin(), lines.end(), [](const std::string& l) { return l.starts_with("model"); }));
+
+    CharLmTrainer resumed(small_charlm(), fixture.corpus);
+    resumed.load(older);
+    BOOST_TEST(resumed.steps_done() == current_steps);
+    BOOST_TEST((resumed.parameters() == fixture.parameters_at.at(current_steps)));
+    CharLmTrainer decoder(small_llama(), fixture.corpus);
+    const std::string refusal = testing::message_of<value_error>([&] { decoder.load(older); });
+    BOOST_TEST(refusal.find("holds the gpt2 model, this run trains the llama model") != std::string::npos, refusal);
+}
+
+// Sampling runs the decoder through its key/value cache, a block of one character at a time, and
+// past the context (16) starts the cache again from the last half of it: 40 characters come out,
+// each of the alphabet, the same for the same seed. A cache never started again would run past
+// the context and be refused (llama_logits checks the positions).
+BOOST_AUTO_TEST_CASE(the_decoder_samples_through_its_cache_past_the_context) {
+    const Corpus corpus = random_corpus();
+    CharLmTrainer trainer(small_llama(), corpus);
+    trainer.step();
+    const std::string text = trainer.sample("abc", 40, 5);
+    BOOST_TEST(text.size() == 40u);
+    BOOST_TEST(text.find_first_not_of(corpus.alphabet) == std::string::npos, text);
+    BOOST_TEST(trainer.sample("abc", 40, 5) == text);
 }

@@ -110,7 +110,7 @@ BOOST_AUTO_TEST_CASE(the_issue_size_model_passes_the_full_check, *boost::unit_te
 }
 
 BOOST_AUTO_TEST_CASE(the_default_char_lm_size_passes_the_fast_check) {
-    const TransformerConfig c = CharLmSettings{}.model(96);
+    const TransformerConfig c = CharLmGpt2(CharLmSettings{}, 96).config;
     constexpr std::size_t N = 4 + 12 * CharLmSettings{}.layers;
     BOOST_TEST_REQUIRE(c.parameter_count() == N);
     const Sequences s = random_sequences(1, 16, c.vocabulary, 7);
