@@ -13,8 +13,10 @@
 #pragma once
 
 #include "autodiff/instances.hpp"
+#include "autodiff/cpu.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/checks.hpp"
+#include "ops/fast/kernels.hpp"
 #include "ops/sigmoid.hpp"
 
 namespace tapegrad {
@@ -33,12 +35,18 @@ struct Silu {
     static void forward(const Settings&, Inputs<T> in, Tensor<T>& Y, Tensor<T>&) {
         const Tensor<T>& A = *in[0];
         Y.resize(A.shape());
+        if constexpr (has_compiled_kernels<T>) {  // the same expression, vectorised (src/cpu/level_kernels.hpp)
+            return op_kernels<T>().silu(A.data().data(), A.size(), Y.data().data());
+        }
         for (std::size_t k = 0; k < A.size(); ++k) Y[k] = A[k] * Sigmoid::logistic(A[k]);
     }
 
     template <Scalar T>
     static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
         const Tensor<T>& A = *at.in[0];
+        if constexpr (has_compiled_kernels<T>) {
+            return op_kernels<T>().silu_vjp(A.data().data(), at.G.data().data(), A.size(), dA.data().data());
+        }
         for (std::size_t k = 0; k < at.G.size(); ++k)
             dA[k] = at.G[k] * T(Sigmoid::logistic(A[k]) + A[k] * Sigmoid::slope(A[k]));
     }

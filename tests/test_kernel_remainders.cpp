@@ -200,6 +200,25 @@ void gelu_rows(const OpKernels<T>& k, std::size_t n, std::mt19937_64& rng, Tally
     }
 }
 
+// silu: y = a·σ(a), σ from e = e^(−|a|) (one exp of a few u, a division or two): |y − ref| ≤
+// 16u·|a| since σ ∈ (0, 1); the slope σ + a·σ' has terms up to about 0.3·|a|·... each within a few
+// u relative: ≤ 32u·|g|·(1 + |a|). Inputs over ±12 reach both tails of σ.
+template <class T>
+void silu_rows(const OpKernels<T>& k, std::size_t n, std::mt19937_64& rng, Tally& tally) {
+    const std::vector<T> a = draws<T>(n, 12.0, rng), g = draws<T>(n, 1.0, rng);
+    std::vector<T> y(n), da(n);
+    k.silu(a.data(), n, y.data());
+    k.silu_vjp(a.data(), g.data(), n, da.data());
+    for (std::size_t j = 0; j < n; ++j) {
+        const Long x = a[j], sigma = 1 / (1 + std::exp(-x)), value = x * sigma;
+        const Long slope = sigma + x * sigma * (1 - sigma);
+        tally.expect(std::abs(Long(y[j]) - value) <= 16 * u<T> * std::abs(x),
+                     fmt::format("silu n={} at {}: {} vs {}", n, j, double(y[j]), double(value)));
+        tally.expect(std::abs(Long(da[j]) - Long(g[j]) * slope) <= 32 * u<T> * std::abs(Long(g[j])) * (1 + std::abs(x)),
+                     fmt::format("silu_vjp n={} at {}: {} vs {}", n, j, double(da[j]), double(Long(g[j]) * slope)));
+    }
+}
+
 template <class T>
 Tally check_op_kernels(const OpKernels<T>& kernels, std::uint64_t seed) {
     Tally tally;
@@ -210,6 +229,7 @@ Tally check_op_kernels(const OpKernels<T>& kernels, std::uint64_t seed) {
         reductions(kernels, n, rng, tally);
         score_gradients(kernels, n, rng, tally);
         gelu_rows(kernels, n, rng, tally);
+        silu_rows(kernels, n, rng, tally);
     }
     return tally;
 }

@@ -1,6 +1,7 @@
 /// \file
 /// The ops' compiled kernels: the float/double row kernels of softmax (ops/fast/softmax_rows.hpp),
-/// fused attention (ops/fast/fused_attention_rows.hpp) and GELU (ops/gelu.hpp), compiled once per
+/// fused attention (ops/fast/fused_attention_rows.hpp), GELU (ops/gelu.hpp) and silu (ops/silu.hpp),
+/// compiled once per
 /// instruction-set level with the engine's (autodiff/cpu.hpp) and run at cpu_level(). Declared here,
 /// beside the ops that call them, so an op's kernel is added without touching autodiff/: a field
 /// here, its Eigen code and its line of the table in src/cpu/level_kernels.hpp.
@@ -30,6 +31,9 @@ struct OpKernels {
     /// GELU's tanh form: y[k] = gelu(a[k]), and da[k] = g[k]·gelu'(a[k]).
     void (*gelu_tanh)(const T* a, std::size_t n, T* y);
     void (*gelu_tanh_vjp)(const T* a, const T* g, std::size_t n, T* da);
+    /// silu (ops/silu.hpp): y[k] = a[k]·σ(a[k]), and da[k] = g[k]·(σ(a[k]) + a[k]·σ'(a[k])).
+    void (*silu)(const T* a, std::size_t n, T* y);
+    void (*silu_vjp)(const T* a, const T* g, std::size_t n, T* da);
 };
 
 /// The op kernels of the level running now (cpu_level()), for T = float or double.
