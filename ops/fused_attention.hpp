@@ -6,8 +6,9 @@
 ///   Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r] -> O [..., Tq, r]   (rank 2, 3 or 4, same
 ///   leading dimensions: batch × heads), c = 1/√d applied inside.
 ///   causal: query i sees key j only when j <= query_offset + i (query_offset = keys already
-///   cached before the first query). Row i always sees key 0, so no row is ever fully hidden and
-///   every output row is a proper weighted mean of V's rows (no NaN, no all-zero convention needed).
+///   cached before the first query). Row i always sees key 0 (with a window, its own position), so
+///   no row is ever fully hidden and every output row is a proper weighted mean of V's rows (no
+///   NaN, no all-zero convention needed).
 ///   window w (causal only; Mistral's sliding window): query i, at absolute position
 ///   p = query_offset + i, sees keys p − w < j <= p; the block must lie within the keys
 ///   (query_offset + Tq <= Tk), so each row still sees its own position. Key tiles outside every
@@ -149,7 +150,7 @@ struct Dims {
     }
     /// The first row of the first query tile that sees key j0 (causal: row i sees it once
     /// offset + i >= j0). The query tiles that see a key tile are the ones from here on while
-    /// sees_key_tile holds.
+    /// sees_keys_before holds.
     std::size_t first_query_tile(std::size_t j0) const {
         const std::size_t first_row = causal && j0 > offset ? j0 - offset : 0;
         return first_row / tile_q * tile_q;
@@ -157,7 +158,7 @@ struct Dims {
     /// Whether query rows from i0 on see any key before j_end (a window hides the early keys from
     /// late rows): the query tiles a key tile reaches, with first_query_tile.
     bool sees_keys_before(std::size_t i0, std::size_t j_end) const { return first_visible(i0) < j_end; }
-    /// ALiBi's bias of head b's query row i and key j, in T (0 without ALiBi).
+    /// ALiBi's bias of head b's query row i and key j, in T (only with ALiBi: slopes not empty).
     T bias(std::size_t b, std::size_t i, std::size_t j) const {
         return T(alibi_entry(slopes[b % slopes.size()], offset + i, j));
     }
