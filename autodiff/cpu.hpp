@@ -6,11 +6,12 @@
 /// and the engine's compiled kernels (the ops' are in ops/fast/kernels.hpp); the header-only code
 /// (autodiff/kernels.hpp, ops/fast/) calls them for float and double, and keeps its generic loops
 /// for every other scalar (the 50-digit type).
-/// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512 forces a level at start-up.
+/// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512|avx512_bf16 forces a level at start-up.
 #pragma once
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 #include <type_traits>
 #include <vector>
@@ -18,10 +19,16 @@
 namespace tapegrad {
 
 /// Instruction-set levels the kernels are compiled for. baseline: x86-64 (SSE2) or the target's
-/// default elsewhere; avx2: AVX2 + FMA; avx512: AVX-512 F, DQ, VL and BW (with AVX2 + FMA).
-enum class CpuLevel { baseline, avx2, avx512 };
+/// default elsewhere; avx2: AVX2 + FMA; avx512: AVX-512 F, DQ, VL and BW (with AVX2 + FMA);
+/// avx512_bf16: avx512 plus AVX512_BF16, whose vdpbf16ps runs the bfloat16 product
+/// (kernels::gemm_bf16): every other kernel of that level is the avx512 level's, and the bfloat16
+/// product gives the same bits at every level (the others emulate vdpbf16ps exactly). A level is
+/// chosen by default only when the CPU reports it (avx512_bf16: CPUID leaf 7 subleaf 1, EAX bit 5,
+/// with the OS saving the AVX-512 registers).
+enum class CpuLevel { baseline, avx2, avx512, avx512_bf16 };
 
-inline constexpr std::array<CpuLevel, 3> all_cpu_levels{CpuLevel::baseline, CpuLevel::avx2, CpuLevel::avx512};
+inline constexpr std::array<CpuLevel, 4> all_cpu_levels{CpuLevel::baseline, CpuLevel::avx2, CpuLevel::avx512,
+                                                        CpuLevel::avx512_bf16};
 
 /// The word TAPEGRAD_CPU takes for a level (and what benchmarks print as `cpu=<level>`).
 constexpr std::string_view cpu_level_name(CpuLevel level) {
@@ -29,6 +36,7 @@ constexpr std::string_view cpu_level_name(CpuLevel level) {
         case CpuLevel::baseline: return "baseline";
         case CpuLevel::avx2: return "avx2";
         case CpuLevel::avx512: return "avx512";
+        case CpuLevel::avx512_bf16: return "avx512_bf16";
     }
     return "unknown";
 }
@@ -55,11 +63,20 @@ enum class Form { ab, abT, aTb };
 struct Block {
     std::size_t first_row, rows, first_col, cols;
 };
+/// One block of C (m×n) = op(A)·op(B), or += when accumulate, for bfloat16 A and B (bit patterns,
+/// autodiff/low_precision.hpp) and float32 C, in the arithmetic autodiff/kernels.hpp's gemm_bf16
+/// defines; on the calling thread.
+using Bf16GemmBlock = void (*)(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
+                               const std::uint16_t* B, float* C, bool accumulate, Block block);
+/// The place, in a table of another type, of a kernel only one type's table has (the bfloat16
+/// product is float's: the double table has none to call).
+struct Absent {};
 }  // namespace kernels
 
-/// The engine's kernels (products, the tape's NaN scan, the dual planes), compiled once per level for
-/// float and double: one table per level and type, filled by name (src/cpu/level_kernels.hpp, with
-/// designated initializers, so two kernels of the same signature cannot change places unnoticed).
+/// The engine's kernels (products, the bfloat16 product, the tape's NaN scan, the dual planes),
+/// compiled once per level for float and double: one table per level and type, filled by name
+/// (src/cpu/level_kernels.hpp, with designated initializers, so two kernels of the same signature
+/// cannot change places unnoticed).
 /// The ops' own kernels (softmax rows, fused attention's rows, GELU) sit beside the ops, in
 /// ops/fast/kernels.hpp: adding an op's kernel does not touch the engine.
 template <class T>
@@ -73,6 +90,9 @@ struct EngineKernels {
     /// first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
     void (*deinterleave)(const T* pairs, std::size_t n, T* first, T* second);
     void (*interleave)(const T* first, const T* second, std::size_t n, T* pairs, bool accumulate);
+    /// float's table only: the bfloat16 product accumulated in float32 (kernels::gemm_bf16): vdpbf16ps
+    /// at the avx512_bf16 level, its exact emulation at the others.
+    std::conditional_t<std::is_same_v<T, float>, kernels::Bf16GemmBlock, kernels::Absent> gemm_bf16_block;
 };
 
 /// The engine kernels of the level running now (cpu_level()), for T = float or double.

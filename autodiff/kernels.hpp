@@ -9,6 +9,8 @@
 /// (forward mode) are an overload in autodiff/dual_kernels.hpp, which includes this file: code that
 /// calls kernels::gemm on any scalar (the ops) includes that one, so the dual overload is declared
 /// wherever the call is.
+/// gemm_bf16 is the bfloat16 product (A and B bfloat16, C float32), in one arithmetic at every CPU
+/// level: vdpbf16ps's, defined below.
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -17,6 +19,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
 namespace tapegrad::kernels {
 
@@ -44,41 +47,47 @@ inline Split split_of(std::size_t m, std::size_t n, std::size_t k) {
     return Split::none;
 }
 
+/// Calls product(block) for blocks of C (m×n, summed over k) that cover it once, on the library's
+/// threads when the product is large (split_of): the one way gemm and gemm_bf16 share the work.
+template <class Product>
+void for_each_block(std::size_t m, std::size_t n, std::size_t k, const Product& product) {
+    switch (split_of(m, n, k)) {
+        case Split::rows: {
+            // One row block per thread, each a multiple of row_granule rows long: Eigen's kernel
+            // takes a row-major C's rows in panels of 4 and sums a leftover row differently, so
+            // a row comes out the same in any block that starts at a multiple of 4 (at m = 300
+            // cut at 150, 16 elements of the double product differed from one thread's in the
+            // last bit). Then the blocks may follow the threads.
+            const std::size_t workers = std::min<std::size_t>(thread_count(), m / rows_per_thread);
+            const std::size_t rows = ((m + workers - 1) / workers + row_granule - 1) / row_granule * row_granule;
+            parallel_for((m + rows - 1) / rows, [&](std::size_t w, unsigned) {
+                product(Block{w * rows, std::min(rows, m - w * rows), 0, n});
+            });
+            break;
+        }
+        case Split::columns:
+            // Column blocks, the same whatever the threads: a column's rounding depends on where
+            // its block starts (Eigen's kernel takes a row-major C's columns in panels of several
+            // widths, which sum in different orders), so the blocks must not move with the count.
+            parallel_for((n + columns_per_block - 1) / columns_per_block, [&](std::size_t b, unsigned) {
+                const std::size_t first = b * columns_per_block;
+                product(Block{0, m, first, std::min(columns_per_block, n - first)});
+            });
+            break;
+        case Split::none:
+            product(Block{0, m, 0, n});
+            break;
+    }
+}
+
 /// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
 /// ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
 template <Scalar T>
 void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C, bool accumulate) {
     if constexpr (has_compiled_kernels<T>) {
-        const auto product = [&](Block block) {
+        for_each_block(m, n, k, [&](Block block) {
             engine_kernels<T>().gemm_block(form, m, n, k, A, B, C, accumulate, block);
-        };
-        switch (split_of(m, n, k)) {
-            case Split::rows: {
-                // One row block per thread, each a multiple of row_granule rows long: Eigen's kernel
-                // takes a row-major C's rows in panels of 4 and sums a leftover row differently, so
-                // a row comes out the same in any block that starts at a multiple of 4 (at m = 300
-                // cut at 150, 16 elements of the double product differed from one thread's in the
-                // last bit). Then the blocks may follow the threads.
-                const std::size_t workers = std::min<std::size_t>(thread_count(), m / rows_per_thread);
-                const std::size_t rows = ((m + workers - 1) / workers + row_granule - 1) / row_granule * row_granule;
-                parallel_for((m + rows - 1) / rows, [&](std::size_t w, unsigned) {
-                    product({w * rows, std::min(rows, m - w * rows), 0, n});
-                });
-                break;
-            }
-            case Split::columns:
-                // Column blocks, the same whatever the threads: a column's rounding depends on where
-                // its block starts (Eigen's kernel takes a row-major C's columns in panels of several
-                // widths, which sum in different orders), so the blocks must not move with the count.
-                parallel_for((n + columns_per_block - 1) / columns_per_block, [&](std::size_t b, unsigned) {
-                    const std::size_t first = b * columns_per_block;
-                    product({0, m, first, std::min(columns_per_block, n - first)});
-                });
-                break;
-            case Split::none:
-                product({0, m, 0, n});
-                break;
-        }
+        });
     } else {
         if (!accumulate) {
             for (std::size_t x = 0; x < m * n; ++x) C[x] = T(0);
@@ -108,6 +117,39 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
                 break;
         }
     }
+}
+
+/// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), with A and B bfloat16 (bit
+/// patterns: autodiff/low_precision.hpp's bfloat16_bits and bfloat16_value) and C float32, in the
+/// forms and row-major shapes of gemm, at the active CPU level (autodiff/cpu.hpp).
+/// The arithmetic is that of vdpbf16ps (Intel SDM vol. 2, VDPBF16PS, "Operation"), the same bits
+/// at every level (the avx512_bf16 level runs the instruction, the others emulate it exactly), on
+/// any number of threads and for any split of C, since each element is one chain of roundings:
+///   c ← C[i,j] when accumulate (a subnormal read as a zero of its sign), else +0;
+///   for q = 0, 1, …, ⌈k/2⌉ − 1 (the pairs of k):  c ← step(c, a₂q₊₁, b₂q₊₁);  c ← step(c, a₂q, b₂q);
+///   C[i,j] ← c;
+/// with a_p = op(A)[i,p], b_p = op(B)[p,j], and a_k = b_k = +0 when k is odd (the last pair's
+/// second half). Within a pair the second product comes first: the instruction adds the upper
+/// halves of its 32-bit lanes first. step(c, a, b) is one float32 fused multiply-add:
+///  - inputs: a bfloat16 subnormal, or a subnormal c, is read as a zero of its sign (DAZ);
+///  - c + a·b computed exactly, rounded once to float32, to nearest, ties to even;
+///  - a result whose rounded value (to 24 bits, exponent unbounded: tininess after rounding) is
+///    below 2⁻¹²⁶ in magnitude becomes a zero of its sign (FTZ); an exact zero takes IEEE 754's sign
+///    (+0 unless both c and a·b are −0); past the largest float it is ±inf;
+///  - ±inf and NaN follow IEEE 754 (inf·0 and inf − inf give NaN, a NaN in gives NaN out); a NaN's
+///    sign and payload are not promised, and may differ between levels (NaN is NaN everywhere).
+/// The order, the rounding, DAZ and FTZ are the SDM's pseudo-code ("FP32 FMA with DAZ in, FTZ out
+/// and RNE rounding"); tininess after rounding and the sign of a flushed zero were established on an
+/// AMD Zen 4 (tests/test_bf16_kernels.cpp holds the instruction to the emulation on such inputs).
+/// Error: each of the s = 2⌈k/2⌉ steps rounds once (relative 2⁻²⁴) or flushes (absolute < 2⁻¹²⁶), and
+/// a subnormal C₀ (the C added to; 0 without accumulate) is read as 0, so for a finite result and
+/// inputs without bfloat16 subnormals (whose products DAZ may drop whole)
+///   |C − (C₀ + Σ_p a_p·b_p)| ≤ γ_s·(|C₀| + Σ_p |a_p·b_p|) + (s + 1)·2⁻¹²⁶,  γ_s = s·2⁻²⁴/(1 − s·2⁻²⁴).
+inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
+                      const std::uint16_t* B, float* C, bool accumulate) {
+    for_each_block(m, n, k, [&](Block block) {
+        engine_kernels<float>().gemm_bf16_block(form, m, n, k, A, B, C, accumulate, block);
+    });
 }
 
 }  // namespace tapegrad::kernels

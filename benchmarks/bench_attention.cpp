@@ -412,7 +412,7 @@ void bench_gradcheck(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 }  // namespace
 
 // Arguments select parts ("attention", "attention_float", "projections", "overhead", "matmul",
-// "gradcheck"); none runs them all. TAPEGRAD_CPU=baseline|avx2|avx512 forces the kernels' level.
+// "gradcheck"); none runs them all. TAPEGRAD_CPU=baseline|avx2|avx512|avx512_bf16 forces the kernels' level.
 int main(int argc, char** argv) {
     tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
     const std::vector<std::string> parts(argv + 1, argv + argc);

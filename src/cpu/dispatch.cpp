@@ -1,7 +1,8 @@
 // Chooses the instruction-set level the compiled kernels run at, and hands out that level's
 // tables (engine_kernels<T>(), autodiff/cpu.hpp; op_kernels<T>(), ops/fast/kernels.hpp). The choice is made once, at the first call:
 // TAPEGRAD_CPU when set, else the best level built in that the CPU supports (CPUID, through
-// __builtin_cpu_supports, which also checks that the OS saves the AVX/AVX-512 registers).
+// __builtin_cpu_supports, which also checks that the OS saves the AVX/AVX-512 registers; the
+// AVX512_BF16 bit read from CPUID itself, on top of the avx512 level's checks).
 #include "src/cpu/kernel_table.hpp"
 
 #include "autodiff/error.hpp"
@@ -12,22 +13,39 @@
 #include <cstdlib>
 #include <string>
 
+#if defined(TAPEGRAD_X86_LEVELS)
+#include <cpuid.h>
+#endif
+
 namespace tapegrad {
 namespace {
 
 using cpu_detail::KernelTable;
+
+#if defined(TAPEGRAD_X86_LEVELS)
+// CPUID leaf 7, subleaf 1, EAX bit 5: AVX512_BF16 (Intel SDM vol. 2, CPUID, "Structured Extended
+// Feature Enumeration Sub-leaf 1"), read only when leaf 7 exists and reports subleaf 1.
+bool cpuid_reports_avx512_bf16() {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0 || eax < 1) return false;
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    return ((eax >> 5) & 1u) != 0;
+}
+#endif
 
 // This CPU has the instructions `level` is compiled with.
 bool cpu_supports(CpuLevel level) {
 #if defined(TAPEGRAD_X86_LEVELS)
     __builtin_cpu_init();
     const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // (The builtin's avx512* answers include XGETBV's check that the OS saves the zmm and mask registers.)
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
     switch (level) {
         case CpuLevel::baseline: return true;
         case CpuLevel::avx2: return avx2;
-        case CpuLevel::avx512:
-            return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+        case CpuLevel::avx512: return avx512;
+        case CpuLevel::avx512_bf16: return avx512 && cpuid_reports_avx512_bf16();
     }
     return false;
 #else
@@ -42,19 +60,24 @@ const KernelTable* table_of(CpuLevel level) {
 #if defined(TAPEGRAD_X86_LEVELS)
         case CpuLevel::avx2: return tapegrad_kernels_avx2();
         case CpuLevel::avx512: return tapegrad_kernels_avx512();
+        case CpuLevel::avx512_bf16: return tapegrad_kernels_avx512_bf16();
 #else
         case CpuLevel::avx2:
-        case CpuLevel::avx512: return nullptr;
+        case CpuLevel::avx512:
+        case CpuLevel::avx512_bf16: return nullptr;
 #endif
     }
     return nullptr;
 }
 
-std::string available_list() {
+// The levels' words, comma-separated: the available ones, or all.
+std::string names_of(const auto& levels) {
     std::string names;
-    for (const CpuLevel level : available_cpu_levels()) names += fmt::format("{}{}", names.empty() ? "" : ", ", cpu_level_name(level));
+    for (const CpuLevel level : levels) names += fmt::format("{}{}", names.empty() ? "" : ", ", cpu_level_name(level));
     return names;
 }
+
+std::string available_list() { return names_of(available_cpu_levels()); }
 
 // The level TAPEGRAD_CPU asks for, or the best available one when it is unset or empty.
 CpuLevel chosen_at_start() {
@@ -68,7 +91,7 @@ CpuLevel chosen_at_start() {
         }
         return level;
     }
-    throw value_error(fmt::format("TAPEGRAD_CPU={}: unknown level; expected baseline, avx2 or avx512", word));
+    throw value_error(fmt::format("TAPEGRAD_CPU={}: unknown level; expected one of {}", word, names_of(all_cpu_levels)));
 }
 
 // The active table: chosen at the first use, changed only by set_cpu_level.

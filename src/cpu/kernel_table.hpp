@@ -28,4 +28,5 @@ extern "C" {
 const tapegrad::cpu_detail::KernelTable* tapegrad_kernels_baseline();
 const tapegrad::cpu_detail::KernelTable* tapegrad_kernels_avx2();
 const tapegrad::cpu_detail::KernelTable* tapegrad_kernels_avx512();
+const tapegrad::cpu_detail::KernelTable* tapegrad_kernels_avx512_bf16();
 }

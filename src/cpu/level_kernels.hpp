@@ -1,4 +1,5 @@
-// The float/double kernels, written once with Eigen and compiled once per instruction-set level:
+// The float/double kernels, written once with Eigen (the bfloat16 product's emulation, without:
+// src/cpu/bf16_product.hpp) and compiled once per instruction-set level:
 // each src/cpu/level_<name>.cpp includes this file and is compiled with that level's flags.
 // Everything here has internal linkage (anonymous namespace) and the Eigen templates it
 // instantiates are localised in each level's object by the build (CMakeLists.txt), so each level
@@ -11,6 +12,7 @@
 // tiny products (where Eigen would take its coefficient-wise path) are plain loops.
 #pragma once
 
+#include "src/cpu/bf16_product.hpp"
 #include "src/cpu/kernel_table.hpp"
 
 #include <Eigen/Core>
@@ -19,6 +21,7 @@
 #include <array>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 namespace tapegrad::cpu_detail {
 namespace {
@@ -321,13 +324,24 @@ void silu_vjp(const T* a, const T* g, std::size_t n, T* da) {
     }
 }
 
+// The bfloat16 product (float's table only): at these levels, vdpbf16ps emulated (src/cpu/bf16_product.hpp).
+template <class T>
+constexpr auto bf16_product_for() {
+    if constexpr (std::is_same_v<T, float>) {
+        return &gemm_bf16_block<EmulatedBf16Tile>;
+    } else {
+        return kernels::Absent{};
+    }
+}
+
 // This level's tables, filled by name.
 template <class T>
 constexpr EngineKernels<T> engine_kernels_for() {
     return {.gemm_block = &gemm_block<T>,
             .any_nan = &any_nan<T>,
             .deinterleave = &deinterleave<T>,
-            .interleave = &interleave<T>};
+            .interleave = &interleave<T>,
+            .gemm_bf16_block = bf16_product_for<T>()};
 }
 
 template <class T>

@@ -1,0 +1,245 @@
+// The bfloat16 product's blocking, shared by every level (kernels::gemm_bf16, autodiff/kernels.hpp,
+// defines its arithmetic): op(A) and op(B) as pairs of bfloat16 along k, the layout vdpbf16ps
+// reads, and C cut into register tiles, each computed by a level's tile kernel: the exact
+// emulation here (level_kernels.hpp, for baseline, avx2 and avx512) or vdpbf16ps
+// (level_avx512_bf16.cpp). Every element of C is one chain of roundings in the order of k whatever
+// the blocking, so the tiles, the cache blocks and the threads change no bit.
+// Everything has internal linkage: each level's object keeps its own copy (CMakeLists.txt).
+#pragma once
+
+#include "autodiff/cpu.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+namespace tapegrad::cpu_detail {
+namespace {
+
+// Cache blocks, in pairs of k, rows and columns of C. A tile's A panel (its rows × the block's
+// pairs) stays in L1 and its B panel (the pairs × its columns) in L2 while it runs; the packed B
+// block is reused by every row block, and C is read and written once per block of pairs.
+constexpr std::size_t bf16_block_pairs = 256, bf16_block_rows = 192, bf16_block_cols = 1024;
+
+// An operand seen as lanes × k, the lanes being the rows of op(A) or the columns of op(B):
+// element (l, p) at x[l * lane_stride + p * k_stride], one of the two strides 1.
+struct Bf16Lanes {
+    const std::uint16_t* x;
+    std::size_t lane_stride, k_stride;
+};
+
+inline Bf16Lanes rows_of_a(kernels::Form form, std::size_t m, std::size_t k, const std::uint16_t* A) {
+    return form == kernels::Form::aTb ? Bf16Lanes{A, 1, m} : Bf16Lanes{A, k, 1};
+}
+
+inline Bf16Lanes columns_of_b(kernels::Form form, std::size_t n, std::size_t k, const std::uint16_t* B) {
+    return form == kernels::Form::abT ? Bf16Lanes{B, k, 1} : Bf16Lanes{B, 1, n};
+}
+
+// Pairs as the tiles read them: pair q of lane l is the two bfloat16 at x[l * lane + q * pair]
+// and the one after, element 2q first (the low half of a 32-bit lane of vdpbf16ps, on a
+// little-endian machine), +0 for element k when k is odd.
+struct Bf16Pairs {
+    const std::uint16_t* x;
+    std::size_t lane, pair;
+};
+
+// Stores a pair, `low` first in memory: as one 32-bit word on a little-endian machine, which lets
+// the compiler vectorise the packing loops (two 16-bit stores apart would not).
+inline void store_pair(std::uint16_t* to, std::uint16_t low, std::uint16_t high) {
+    if constexpr (std::endian::native == std::endian::little) {
+        const std::uint32_t word = low | (std::uint32_t(high) << 16);
+        std::memcpy(to, &word, sizeof word);
+    } else {
+        to[0] = low;
+        to[1] = high;
+    }
+}
+
+// Lanes [first, first + lanes) × pairs [q0, q0 + pairs) packed into out: pair q of lane l at
+// out + 2(q·width + l); lanes past `lanes` (up to width) +0. Two loops, by where a pair's halves
+// lie: side by side in a row (k_stride 1: each lane's pairs copied in order) or in two rows
+// (lane_stride 1: the two rows interleaved, a loop the compiler vectorises).
+inline void pack_bf16(const Bf16Lanes& op, std::size_t k, std::size_t first, std::size_t lanes, std::size_t width,
+                      std::size_t q0, std::size_t pairs, std::uint16_t* out) {
+    const bool half_last = 2 * (q0 + pairs) > k;  // k odd, and its last pair among these
+    const std::size_t whole = pairs - (half_last ? 1 : 0);
+    if (op.k_stride == 1) {
+        for (std::size_t l = 0; l < lanes; ++l) {
+            const std::uint16_t* from = op.x + (first + l) * op.lane_stride + 2 * q0;
+            for (std::size_t q = 0; q < whole; ++q)
+                std::memcpy(out + 2 * (q * width + l), from + 2 * q, 2 * sizeof *from);
+            if (half_last) store_pair(out + 2 * (whole * width + l), from[2 * whole], 0);
+        }
+    } else {
+        for (std::size_t q = 0; q < pairs; ++q) {
+            std::uint16_t* const to = out + 2 * q * width;
+            const std::uint16_t* even = op.x + 2 * (q0 + q) * op.k_stride + first;
+            if (q < whole) {
+                const std::uint16_t* odd = even + op.k_stride;
+                for (std::size_t l = 0; l < lanes; ++l) store_pair(to + 2 * l, even[l], odd[l]);
+            } else {
+                for (std::size_t l = 0; l < lanes; ++l) store_pair(to + 2 * l, even[l], 0);
+            }
+        }
+    }
+    for (std::size_t q = 0; q < pairs; ++q) std::fill(out + 2 * (q * width + lanes), out + 2 * (q + 1) * width, 0);
+}
+
+constexpr std::size_t round_up(std::size_t x, std::size_t step) { return (x + step - 1) / step * step; }
+
+// bfloat16 for a packed block, 64-byte aligned (a whole zmm register per load of B), left
+// uninitialised: packing writes every element a tile reads.
+class PackedBf16 {
+public:
+    explicit PackedBf16(std::size_t elements) : storage_(new std::uint16_t[elements + 32]) {}
+    std::uint16_t* data() {
+        const auto address = reinterpret_cast<std::uintptr_t>(storage_.get());
+        return storage_.get() + (round_up(address, 64) - address) / sizeof(std::uint16_t);
+    }
+
+private:
+    std::unique_ptr<std::uint16_t[]> storage_;
+};
+
+// A Tile computes Tile::rows rows of C by 16·v columns (v ≤ Tile::vectors: 16 floats a vector)
+// over `pairs` pairs: run(pairs, a, b, v, C, ldc, start_from_zero), from +0 or from C's values,
+// with a the rows' pairs and b packed (pair q of column c at b + 2(q·16v + c)). One tile of C: on
+// C itself when whole, else on a full-size copy whose rows and columns past C's edge are dropped.
+template <class Tile>
+void bf16_tile(std::size_t pairs, const Bf16Pairs& a, const std::uint16_t* b, float* C, std::size_t ldc,
+               std::size_t rows, std::size_t cols, bool start_from_zero) {
+    const std::size_t vectors = (cols + 15) / 16, width = 16 * vectors;
+    if (rows == Tile::rows && cols == width) {
+        Tile::run(pairs, a, b, vectors, C, ldc, start_from_zero);
+        return;
+    }
+    std::array<float, Tile::rows * Tile::vectors * 16> edge{};
+    for (std::size_t r = 0; r < rows && !start_from_zero; ++r) std::copy_n(C + r * ldc, cols, edge.data() + r * width);
+    Tile::run(pairs, a, b, vectors, edge.data(), width, start_from_zero);
+    for (std::size_t r = 0; r < rows; ++r) std::copy_n(edge.data() + r * width, cols, C + r * ldc);
+}
+
+// Where a tile of rows [i, i + rows) finds its pairs [q0, q0 + pairs): in op(A) itself when each
+// row's pairs lie side by side there and whole (k even) for all Tile::rows rows; else packed
+// into `packed`.
+template <class Tile>
+Bf16Pairs rows_for_tile(const Bf16Lanes& a_rows, std::size_t k, std::size_t i, std::size_t rows, std::size_t q0,
+                        std::size_t pairs, std::uint16_t* packed) {
+    if (a_rows.k_stride == 1 && k % 2 == 0 && rows == Tile::rows) {
+        return {a_rows.x + i * a_rows.lane_stride + 2 * q0, a_rows.lane_stride, 2};
+    }
+    pack_bf16(a_rows, k, i, rows, Tile::rows, q0, pairs, packed);
+    return {packed, 2, 2 * Tile::rows};
+}
+
+// One block of C (rows × cols at C, leading dimension ldc) over pairs [q0, q0 + pairs): op(B)'s
+// columns packed once into panels of Tile::vectors vectors (the last one narrower), then, row
+// block by row block, the tiles, column panel by column panel down the row block.
+template <class Tile>
+void bf16_block(const Bf16Lanes& a_rows, const Bf16Lanes& b_cols, std::size_t k, std::size_t i0, std::size_t j0,
+                std::size_t rows, std::size_t cols, std::size_t q0, std::size_t pairs, float* C, std::size_t ldc,
+                bool start_from_zero, std::uint16_t* a, std::uint16_t* b) {
+    constexpr std::size_t panel_cols = 16 * Tile::vectors;
+    for (std::size_t j = 0; j < cols; j += panel_cols) {
+        const std::size_t width = std::min(panel_cols, round_up(cols - j, 16));
+        pack_bf16(b_cols, k, j0 + j, std::min(panel_cols, cols - j), width, q0, pairs, b + 2 * j * pairs);
+    }
+    std::array<Bf16Pairs, round_up(bf16_block_rows, Tile::rows) / Tile::rows> row_pairs;
+    for (std::size_t i = 0; i < rows; i += bf16_block_rows) {
+        const std::size_t block_rows = std::min(bf16_block_rows, rows - i);
+        for (std::size_t r = 0; r < block_rows; r += Tile::rows) {
+            row_pairs[r / Tile::rows] = rows_for_tile<Tile>(a_rows, k, i0 + i + r, std::min(Tile::rows, block_rows - r),
+                                                            q0, pairs, a + 2 * r * pairs);
+        }
+        for (std::size_t j = 0; j < cols; j += panel_cols)
+            for (std::size_t r = 0; r < block_rows; r += Tile::rows) {
+                bf16_tile<Tile>(pairs, row_pairs[r / Tile::rows], b + 2 * j * pairs, C + (i + r) * ldc + j, ldc,
+                                std::min(Tile::rows, block_rows - r), std::min(panel_cols, cols - j), start_from_zero);
+            }
+    }
+}
+
+// The block kernel of EngineKernels<float>::gemm_bf16_block for a level's Tile: C's block cut
+// into blocks of columns and of pairs of k (each pair block continuing from the C the previous
+// one left), each computed by bf16_block.
+template <class Tile>
+void gemm_bf16_block(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
+                     const std::uint16_t* B, float* C, bool accumulate, kernels::Block block) {
+    if (k == 0) {  // no step: C stays, or is +0
+        for (std::size_t i = block.first_row; i < block.first_row + block.rows && !accumulate; ++i)
+            std::fill_n(C + i * n + block.first_col, block.cols, 0.0f);
+        return;
+    }
+    const Bf16Lanes a_rows = rows_of_a(form, m, k, A), b_cols = columns_of_b(form, n, k, B);
+    const std::size_t all_pairs = (k + 1) / 2, most_pairs = std::min(bf16_block_pairs, all_pairs);
+    PackedBf16 a(2 * round_up(std::min(bf16_block_rows, block.rows), Tile::rows) * most_pairs);
+    PackedBf16 b(2 * round_up(std::min(bf16_block_cols, block.cols), 16 * Tile::vectors) * most_pairs);
+    for (std::size_t j = 0; j < block.cols; j += bf16_block_cols)
+        for (std::size_t q0 = 0; q0 < all_pairs; q0 += bf16_block_pairs) {
+            const std::size_t cols = std::min(bf16_block_cols, block.cols - j),
+                              pairs = std::min(bf16_block_pairs, all_pairs - q0);
+            bf16_block<Tile>(a_rows, b_cols, k, block.first_row, block.first_col + j, block.rows, cols, q0, pairs,
+                             C + block.first_row * n + block.first_col + j, n, q0 == 0 && !accumulate, a.data(),
+                             b.data());
+        }
+}
+
+// ---- The emulation (levels without AVX512_BF16) ------------------------------------------------
+
+// A step's exact result below this in magnitude is flushed: the midpoint of 2⁻¹²⁶ and the number
+// below it at 24 bits (2⁻¹²⁶ − 2⁻¹⁵⁰), which rounds (ties to even) to 2⁻¹²⁶; below it a sum rounds,
+// at 24 bits with an unbounded exponent, below 2⁻¹²⁶ (tiny after rounding).
+constexpr double bf16_flush_below = 0x1p-126 - 0x1p-151;
+
+// One step, c + a·b, as vdpbf16ps computes it, for c, a and b free of subnormals (the chain's
+// values are flushed, C's are read through bf16_read_c, a and b through bf16_float). a·b is exact
+// in double (8-bit significands), and the sum's rounding to double followed by the rounding to
+// float is its rounding to float: double rounding is innocuous for a sum of two 24-bit numbers in
+// 53 bits (53 ≥ 2·24 + 2, Figueroa 1995), and a double sum of these never underflows. Below
+// bf16_flush_below the result is a zero of the sum's sign; in [bf16_flush_below, 2⁻¹²⁶) the
+// conversion's own rounding gives 2⁻¹²⁶, as the 24-bit rounding does.
+inline float bf16_step(float c, float a, float b) {
+    const double sum = double(c) + double(a) * double(b);
+    const float rounded = float(sum);
+    return std::fabs(sum) < bf16_flush_below ? std::copysign(0.0f, rounded) : rounded;
+}
+
+inline float bf16_read_c(float c) { return std::fpclassify(c) == FP_SUBNORMAL ? std::copysign(0.0f, c) : c; }
+
+// A bfloat16 as a float, a subnormal as a zero of its sign (vdpbf16ps's DAZ).
+inline float bf16_float(std::uint16_t bits) {
+    const std::uint32_t high = std::uint32_t(bits) << 16;
+    return std::bit_cast<float>((high & 0x7f800000u) == 0 ? high & 0x80000000u : high);
+}
+
+// The emulated tile: 4 rows × 16 columns, plain loops over the columns, which the compiler
+// vectorises at each level's width (the steps of one element stay in order: only elements run
+// side by side).
+struct EmulatedBf16Tile {
+    static constexpr std::size_t rows = 4, vectors = 1, cols = 16;
+    static void run(std::size_t pairs, const Bf16Pairs& a, const std::uint16_t* b, std::size_t, float* C,
+                    std::size_t ldc, bool start_from_zero) {
+        std::array<float, rows * cols> acc{};
+        for (std::size_t r = 0; r < rows && !start_from_zero; ++r)
+            for (std::size_t c = 0; c < cols; ++c) acc[r * cols + c] = bf16_read_c(C[r * ldc + c]);
+        for (std::size_t q = 0; q < pairs; ++q, b += 2 * cols)
+            for (std::size_t r = 0; r < rows; ++r) {
+                const std::uint16_t* pair = a.x + r * a.lane + q * a.pair;
+                const float a_low = bf16_float(pair[0]), a_high = bf16_float(pair[1]);
+                for (std::size_t c = 0; c < cols; ++c) {
+                    float& sum = acc[r * cols + c];
+                    sum = bf16_step(bf16_step(sum, a_high, bf16_float(b[2 * c + 1])), a_low, bf16_float(b[2 * c]));
+                }
+            }
+        for (std::size_t r = 0; r < rows; ++r) std::copy_n(acc.data() + r * cols, cols, C + r * ldc);
+    }
+};
+
+}  // namespace
+}  // namespace tapegrad::cpu_detail
