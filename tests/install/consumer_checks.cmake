@@ -76,7 +76,7 @@ endfunction()
 function(run_consumer_program binary libdir)
   run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${binary})
   message(STATUS "${last_output}")
-  if(NOT last_output MATCHES "tapegrad consumer: cpu=[a-z0-9]+ J = .*tapegrad consumer: checks passed, threads agree")
+  if(NOT last_output MATCHES "tapegrad consumer: cpu=[a-z0-9_]+ J = .*tapegrad consumer: checks passed, threads agree")
     message(FATAL_ERROR "${binary} printed something unexpected: ${last_output}")
   endif()
   execute_process(COMMAND ${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} TAPEGRAD_CPU=bogus ${binary}
