@@ -11,13 +11,19 @@
 /// at or above the largest finite plus half its spacing becomes ±inf, the sign of zero is kept,
 /// ±inf stays, NaN becomes the format's quiet NaN with the sign of its input (payloads are not
 /// kept: a double's payload has no place in 7 or 10 bits).
+/// The bfloat16 policy of a float32 tape's products (ProductPrecision, below) rounds with
+/// bfloat16_from_float, the same rounding done on a float's bits, fast enough for every product.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <string_view>
 
 namespace tapegrad {
 
@@ -76,5 +82,36 @@ inline std::uint16_t bfloat16_bits(double x) { return half_bits(bfloat16_format,
 inline std::uint16_t float16_bits(double x) { return half_bits(float16_format, x); }
 inline double bfloat16_value(std::uint16_t bits) { return half_value(bfloat16_format, bits); }
 inline double float16_value(std::uint16_t bits) { return half_value(float16_format, bits); }
+
+/// bfloat16_bits(x) for a float, on its bits: adding 0x7fff plus the kept part's lowest bit and
+/// dropping the low 16 bits rounds to nearest, ties to even (carries run into the exponent, so
+/// the largest float's neighbours become inf and a subnormal may become the smallest normal, as
+/// they should); ±inf stays; NaN becomes the quiet NaN of its sign. Equal to bfloat16_bits(double(x))
+/// for every float (tests/test_low_precision.cpp holds them together at every boundary).
+inline std::uint16_t bfloat16_from_float(float x) {
+    const auto bits = std::bit_cast<std::uint32_t>(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return std::uint16_t(((bits >> 16) & 0x8000u) | 0x7fc0u);
+    return std::uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+/// A bfloat16 pattern as the float it is exactly (every bfloat16 is a float: its top 16 bits).
+inline float float_from_bfloat16(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t(bits) << 16); }
+
+/// Every element of `from` rounded to bfloat16 into `to` (as long), by bfloat16_from_float: the
+/// copy a product reads under ProductPrecision::bfloat16 (a loop the compiler vectorises).
+inline void round_to_bfloat16(std::span<const float> from, std::span<std::uint16_t> to) {
+    for (std::size_t k = 0; k < from.size(); ++k) to[k] = bfloat16_from_float(from[k]);
+}
+
+/// What a float32 tape's matrix products read (Tape::set_product_precision): the tape's own
+/// scalars, or bfloat16 copies accumulated in float32, as PyTorch's CPU autocast to bfloat16 runs
+/// its matmuls (ops/matmul_bf16.hpp; docs/design.md says what stays float32 and why).
+enum class ProductPrecision {
+    tape,      ///< the tape's own type (the default)
+    bfloat16,  ///< inputs rounded to bfloat16, products accumulated in float32
+};
+
+inline constexpr std::array<std::string_view, 2> product_precision_names{"tape", "bfloat16"};
+constexpr std::span<const std::string_view> choices(ProductPrecision) { return product_precision_names; }
 
 }  // namespace tapegrad

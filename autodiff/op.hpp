@@ -55,9 +55,15 @@
 ///     - `branch(settings, in, k) -> std::uint32_t`, for an op whose value takes a data-dependent
 ///       branch (relu, abs, clamp, max): which one output element k took (a sign class, a region
 ///       of the clamp, the argmax's index). A re-run of a recorded tape at another precision that
-///       takes another branch than the recording is reported node by node (check/recorded.hpp).
+///       takes another branch than the recording is reported node by node (check/recorded.hpp);
+///     - `static constexpr HalfFormat input_format`, for an op that reads its inputs and its
+///       upstream gradient rounded to a 16-bit format on a Tape<float> (matmul_bf16: bfloat16):
+///       the precision estimate (check/audit.hpp) draws that rounding at random, as it draws every
+///       result's last place, so its spread, and the recorded-tape check's bound on a float
+///       gradient, see the 16-bit rounding. Other scalar types read their inputs as they are.
 #pragma once
 
+#include "autodiff/low_precision.hpp"
 #include "autodiff/settings.hpp"
 #include "autodiff/tensor.hpp"
 
@@ -227,6 +233,9 @@ struct OpKind {
     std::uint32_t (*branch)(const SettingsSlot& settings, Inputs<T> in, std::size_t k);
     /// The settings as text (`c=0.125`; empty for an op without settings), from the op's fields.
     std::string (*describe)(const SettingsSlot& settings);
+    /// The 16-bit format a float tape's node reads its inputs and upstream gradient in; nullptr
+    /// for an op without `input_format` and on every tape but a Tape<float>.
+    const HalfFormat* input_format;
 };
 
 /// The branch a sign test takes (relu's and abs's): 0 below zero, 1 at zero, 2 above.
@@ -273,6 +282,14 @@ constexpr auto branch_of() {
         return Branch{nullptr};
     }
 }
+template <class Op, Scalar T>
+constexpr const HalfFormat* input_format_of() {
+    if constexpr (std::is_same_v<T, float> && requires { Op::input_format; }) {
+        return &Op::input_format;
+    } else {
+        return nullptr;
+    }
+}
 }  // namespace detail
 
 template <class Op, Scalar T>
@@ -296,6 +313,7 @@ inline constexpr OpKind<T> op_kind_of{
     [](const SettingsSlot& settings) -> std::string {
         return settings_text(settings_value_of<Op>(settings.get<SettingsOf<Op, T>>()));
     },
+    detail::input_format_of<Op, T>(),
 };
 
 /// A list of op structs, as a type: the library's is `LibraryOps` (ops/all.hpp), from which the

@@ -7,6 +7,7 @@
 
 #include "autodiff/cpu.hpp"
 #include "autodiff/error.hpp"
+#include "autodiff/low_precision.hpp"
 #include "autodiff/op.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tensor.hpp"
@@ -194,6 +195,20 @@ public:
         backward_done_ = false;
         seeded_with_one_.reset();
     }
+
+    /// What the matrix products recorded from now on read (autodiff/low_precision.hpp): under
+    /// ProductPrecision::bfloat16 a float tape records matmul as matmul_bf16 (bfloat16 inputs,
+    /// float32 accumulation: ops/matmul_bf16.hpp), the mixed precision of PyTorch's CPU autocast;
+    /// everything else stays float32. Kept across clear(). Only a Tape<float> takes bfloat16 (a
+    /// double or 50-digit tape is the precise side of the checks): another tape throws usage_error.
+    void set_product_precision(ProductPrecision precision) {
+        if (precision == ProductPrecision::bfloat16 && !std::is_same_v<T, float>) {
+            throw usage_error("set_product_precision: bfloat16 products are a float32 tape's policy; this tape is "
+                              "not a Tape<float>");
+        }
+        products_ = precision;
+    }
+    ProductPrecision product_precision() const { return products_; }
 
     std::size_t size() const { return used_; }
     /// Whether backward has run since the tape was made, cleared or zero_grad'ed (the gradients
@@ -398,6 +413,7 @@ private:
     bool backward_done_ = false;
     std::optional<std::uint32_t> seeded_with_one_;  ///< the output of the last backward(output), if seeded with one
     bool log_branches_ = false;
+    ProductPrecision products_ = ProductPrecision::tape;
     std::vector<Branch<T>> branches_;
     Scratch scratch_;
 };

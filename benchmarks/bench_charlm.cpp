@@ -6,10 +6,12 @@
 // attention kernel (fused, the example's default, and composed), against LibTorch in float64; in
 // float32, tapegrad's float trainer (BasicCharLmTrainer<float>: float32 parameters, gradients and
 // Adam moments; fused kernel) against LibTorch in float32, both from the float64 initial
-// parameters rounded to float32. All five contenders alternate, round by round, on this thread's
+// parameters rounded to float32; in bfloat16, the float trainer with bfloat16 products
+// (CharLmSettings::products) against LibTorch's float32 model under torch.autocast to bfloat16
+// (training.hpp), with a line of our bfloat16 step over our float32 step. All seven contenders alternate, round by round, on this thread's
 // CPU clock; the lines give the median and the best round:
 //   charlm L=… D=… T=… tapegrad_tokens_per_s=… libtorch_tokens_per_s=… ratio=… kernel=fused|composed
-//     statistic=median|best|overall dtype=float64|float32
+//     statistic=median|best|overall dtype=float64|float32|bfloat16
 // (overall: all rounds' tokens over all rounds' time, the throughput of the whole run)
 // (ratio = tapegrad's tokens/s over LibTorch's in the same dtype). On a machine with two or more
 // cores, the last lines time the float32 step on two threads against one (bench_two_threads).
@@ -205,6 +207,10 @@ int main(int argc, char** argv) {
     }
     std::deque<Side<float>> ours_float;  // the example's default kernel
     ours_float.emplace_back(settings, AttentionKernel::fused, corpus);
+    CharLmSettings bfloat16_settings = settings;  // the float trainer with bfloat16 products
+    bfloat16_settings.products = ProductPrecision::bfloat16;
+    std::deque<Side<float>> ours_bfloat16;
+    ours_bfloat16.emplace_back(bfloat16_settings, AttentionKernel::fused, corpus);
     const TransformerConfig& c = ours.front().trainer.config();
     rounds.tokens_per_step = static_cast<double>(settings.batch * settings.context);
     const std::size_t tokens = settings.batch * settings.context;
@@ -225,7 +231,8 @@ int main(int argc, char** argv) {
     }
     TorchCharLm theirs(ours.front().trainer.parameters(), c, settings);
     TorchCharLm theirs_float(ours_float.front().trainer.parameters(), c, settings);
-    std::size_t their_steps = 0, their_float_steps = 0;
+    TorchCharLm theirs_autocast(ours_float.front().trainer.parameters(), c, bfloat16_settings);
+    std::size_t their_steps = 0, their_float_steps = 0, their_autocast_steps = 0;
     const auto stepper = [&corpus, &settings](TorchCharLm& model, std::size_t& steps) {
         return [&corpus, &settings, &model, &steps] {
             const double loss = model.step(training_batch(corpus, settings, steps), settings.schedule().rate(steps));
@@ -235,6 +242,7 @@ int main(int argc, char** argv) {
     };
     const std::function<double()> their_step = stepper(theirs, their_steps);
     const std::function<double()> their_float_step = stepper(theirs_float, their_float_steps);
+    const std::function<double()> their_autocast_step = stepper(theirs_autocast, their_autocast_steps);
     // Same computation first: the losses of the first steps must agree (all from one start).
     const auto our_steps = [](auto& sides) {
         std::vector<std::function<double()>> steps;
@@ -243,12 +251,20 @@ int main(int argc, char** argv) {
     };
     bench::check_agreement(their_step, our_steps(ours), "float64", 1e-9);
     bench::check_agreement(their_float_step, our_steps(ours_float), "float32", 1e-5);
+    // bfloat16 against autocast: not one computation (autocast also rounds each product's output to
+    // bfloat16, ours keeps float32), so only near: the first losses within 1% of each other.
+    bench::check_agreement(their_autocast_step, our_steps(ours_bfloat16), "bfloat16", 1e-2);
     contenders.push_back({"libtorch_float64", [&] { their_step(); }, {}});
 #endif
     for (Side<float>& side : ours_float)
         contenders.push_back({"tapegrad_float32_fused", [&side] { side.trainer.step(); }, {}});
 #ifdef TAPEGRAD_HAVE_TORCH
     contenders.push_back({"libtorch_float32", [&] { their_float_step(); }, {}});
+#endif
+    for (Side<float>& side : ours_bfloat16)
+        contenders.push_back({"tapegrad_bfloat16_fused", [&side] { side.trainer.step(); }, {}});
+#ifdef TAPEGRAD_HAVE_TORCH
+    contenders.push_back({"libtorch_autocast_bfloat16", [&] { their_autocast_step(); }, {}});
 #endif
     bench::run_rounds(contenders, rounds);
     const auto rates_of = [&](std::string_view name) {
@@ -264,6 +280,9 @@ int main(int argc, char** argv) {
     }
     bench::print_ratio_lines(model, rates_of("tapegrad_float32_fused"), rates_of("libtorch_float32"), "fused",
                              "float32");
+    bench::print_ratio_lines(model, rates_of("tapegrad_bfloat16_fused"), rates_of("libtorch_autocast_bfloat16"),
+                             "fused", "bfloat16");
+    bench::print_precision_speedup(model, rates_of("tapegrad_bfloat16_fused"), rates_of("tapegrad_float32_fused"));
     if (std::thread::hardware_concurrency() > 1)
         bench_two_threads(settings, corpus, rounds.rounds, rounds.steps_per_round);
     fmt::print("sizes B={} H={} V={} steps_per_round={} rounds={}\n", settings.batch, c.heads, c.vocabulary,

@@ -110,7 +110,7 @@ public:
           names_(parameter_names(c)),
           parameters_(initial(c)),
           adam_(s.adam()) {
-        for (std::size_t part = 0; part < s.micro_batches; ++part) tapes_.emplace_back();
+        for (std::size_t part = 0; part < s.micro_batches; ++part) tapes_.emplace_back().set_product_precision(s.products);
     }
 
     // One AdamW step on the batch of step number steps_done(); returns the loss before it.
@@ -499,6 +499,9 @@ int main(int argc, char** argv) {
     composed.kernel = AttentionKernel::composed;
     LlamaTraining<double> ours_fused(c, settings, corpus), ours_composed(composed, settings, corpus);
     LlamaTraining<float> ours_float(c, settings, corpus);
+    CharLmSettings bfloat16_settings = settings;  // the float trainer with bfloat16 products
+    bfloat16_settings.products = ProductPrecision::bfloat16;
+    LlamaTraining<float> ours_bfloat16(c, bfloat16_settings, corpus);
 
     // The SwiGLU's products, tokens × D times D × F, at which the GEMM lines compare the engines.
     const std::size_t tokens = settings.batch * settings.context;
@@ -513,16 +516,25 @@ int main(int argc, char** argv) {
                                         static_cast<long>(c.hidden), type);
     }
     TorchSide theirs(ours_fused.parameters(), c, settings, corpus),
-        theirs_float(ours_float.parameters(), c, settings, corpus);
+        theirs_float(ours_float.parameters(), c, settings, corpus),
+        theirs_autocast(ours_float.parameters(), c, bfloat16_settings, corpus);
     // Same computation first: the losses of the first steps must agree (all from one start).
     bench::check_agreement([&] { return theirs.step(); },
                            {[&] { return ours_fused.step(); }, [&] { return ours_composed.step(); }}, "float64", 1e-9);
     bench::check_agreement([&] { return theirs_float.step(); }, {[&] { return ours_float.step(); }}, "float32", 1e-5);
+    // bfloat16 against autocast: not one computation (autocast also rounds each product's output to
+    // bfloat16, ours keeps float32), so only near: the first losses within 1% of each other.
+    bench::check_agreement([&] { return theirs_autocast.step(); }, {[&] { return ours_bfloat16.step(); }},
+                           "bfloat16", 1e-2);
     contenders.push_back({"libtorch_float64", [&] { theirs.step(); }, {}});
 #endif
     contenders.push_back({"tapegrad_float32_fused", [&] { ours_float.step(); }, {}});
 #ifdef TAPEGRAD_HAVE_TORCH
     contenders.push_back({"libtorch_float32", [&] { theirs_float.step(); }, {}});
+#endif
+    contenders.push_back({"tapegrad_bfloat16_fused", [&] { ours_bfloat16.step(); }, {}});
+#ifdef TAPEGRAD_HAVE_TORCH
+    contenders.push_back({"libtorch_autocast_bfloat16", [&] { theirs_autocast.step(); }, {}});
 #endif
     bench::run_rounds(contenders, rounds);
     const auto rates_of = [&](std::string_view name) {
@@ -538,6 +550,9 @@ int main(int argc, char** argv) {
     }
     bench::print_ratio_lines(model, rates_of("tapegrad_float32_fused"), rates_of("libtorch_float32"), "fused",
                              "float32");
+    bench::print_ratio_lines(model, rates_of("tapegrad_bfloat16_fused"), rates_of("libtorch_autocast_bfloat16"),
+                             "fused", "bfloat16");
+    bench::print_precision_speedup(model, rates_of("tapegrad_bfloat16_fused"), rates_of("tapegrad_float32_fused"));
     if (std::thread::hardware_concurrency() > 1) {
         bench_two_threads<float>(c, settings, corpus, rounds);
         bench_two_threads<double>(c, settings, corpus, rounds);

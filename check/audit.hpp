@@ -18,7 +18,9 @@
 ///     inputs and the exact upstream gradient (rounded), against the op at 50 digits. This lays an
 ///     error at the node that makes it, not at every node that carries it; the table is ranked by
 ///     it (in units of u, so that below one u the order still says where the rounding is).
-/// and for every leaf its gradient's error, the branches it sums (one per consuming edge, the
+/// and for every leaf its gradient's error (beside the error estimate_precision predicted for it
+/// without the 50 digits: on a float tape whose products are bfloat16, that prediction is the
+/// model of the bfloat16 error held to the actual bfloat16 run), the branches it sums (one per consuming edge, the
 /// checker's attribution: X via Q, K and V), and the node that contributes most: of the nodes that
 /// lose the most digits locally, the one whose low-precision evaluation alone (every other node
 /// exact) moves that gradient most.
@@ -103,6 +105,10 @@ struct LeafAudit {
     std::uint32_t top_contributor = 0;  ///< the node whose low precision alone moves this gradient most
     std::string top_contributor_op;
     double top_contributor_share = 0;  ///< its error alone over the whole error (normwise)
+    /// The error predicted before the 50-digit run: estimate_precision's spread of this gradient
+    /// (below), to set beside the measured `gradient.normwise`. Only for Storage::recorded (the
+    /// estimate models the recorded run, not a simulated storage format).
+    std::optional<double> predicted;
 };
 
 /// What the low precision did that no error figure says: an op refusing a value its storage made
@@ -147,7 +153,11 @@ PrecisionAudit audit_precision(const Tape<double>& tape, const Var<double>& J, c
 /// here at node granularity). The spread of the runs' gradients (normwise standard deviation over
 /// the mean's norm) estimates the error without a 50-digit re-run, so it runs at any size. It
 /// perturbs results, not the arithmetic inside an op, so it sees how the graph carries rounding,
-/// not an op's own cancellation (E[x²] − E[x]²): that takes the audit.
+/// not an op's own cancellation (E[x²] − E[x]²): that takes the audit. What an op reads in a 16-bit
+/// format (its `input_format`, autodiff/op.hpp: matmul_bf16's bfloat16 inputs and upstream
+/// gradient) is drawn the same way in that format: moved by up to half its last place before the
+/// op rounds it, which makes the op's rounding stochastic (unbiased; √2 times round-to-nearest's
+/// root-mean-square error), so the spread sees bfloat16 where the run reads bfloat16.
 struct EstimateOptions {
     std::size_t runs = 8;
     std::uint64_t seed = 1;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Killed-and-resumed training test for train_charlm (run by CTest, see examples/CMakeLists.txt).
 
-Per dtype (float64, float32): one uninterrupted run saves its checkpoint at the end; then the same
+Per dtype (float64, float32, bfloat16): one uninterrupted run saves its checkpoint at the end; then the same
 training with --save-every is killed with SIGKILL at several moments and resumed each time from
 what is on disk (--load DIR --save DIR), until a run finishes; every checkpoint file of the two
 must then be identical, bit for bit. The kills:
@@ -227,7 +227,7 @@ def main():
     started = time.monotonic()
     try:
         total = sum(one_dtype(children, arguments.trainer, model, dtype, arguments.work, generator)
-                    for dtype in ("float64", "float32"))
+                    for dtype in ("float64", "float32", "bfloat16"))
     except Failure as failure:
         print(f"FAILED: {failure}", flush=True)
         return 1
@@ -235,7 +235,7 @@ def main():
         children.kill_all()
         shutil.rmtree(arguments.work, ignore_errors=True)
     print(f"killed and resumed: {total} kills (seed {arguments.seed}), every checkpoint bitwise equal to the "
-          f"uninterrupted run, float64 and float32; {time.monotonic() - started:.1f} s")
+          f"uninterrupted run, float64, float32 and bfloat16; {time.monotonic() - started:.1f} s")
     return 0
 
 

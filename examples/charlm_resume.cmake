@@ -2,7 +2,7 @@
 # against 3 steps, save, load, 3 more. Every checkpoint file of the two runs must be identical.
 # TRAINER (the program), ARGUMENTS (the small model's options, a list) and WORK (a scratch
 # directory) are given with -D; MODEL, when given, is the family the checkpoint's manifest must name
-# (so that a run of another family than asked for cannot pass).
+# (so that a run of another family than asked for cannot pass), DTYPE the dtype it must name.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 function(train)
@@ -15,12 +15,17 @@ endfunction()
 train(--save ${WORK}/whole)
 train(--stop-after 3 --save ${WORK}/first_half)
 train(--load ${WORK}/first_half --save ${WORK}/resumed)
-if(DEFINED MODEL)
-  file(STRINGS ${WORK}/whole/manifest.txt model_line REGEX "^model ")
-  if(NOT model_line STREQUAL "model ${MODEL}")
-    message(FATAL_ERROR "the checkpoint's manifest says '${model_line}', not 'model ${MODEL}'")
+# The manifest's line for `key` must be "key value" when the caller gave a value.
+function(require_manifest_line key value)
+  if(NOT value STREQUAL "")
+    file(STRINGS ${WORK}/whole/manifest.txt line REGEX "^${key} ")
+    if(NOT line STREQUAL "${key} ${value}")
+      message(FATAL_ERROR "the checkpoint's manifest says '${line}', not '${key} ${value}'")
+    endif()
   endif()
-endif()
+endfunction()
+require_manifest_line(model "${MODEL}")
+require_manifest_line(dtype "${DTYPE}")
 file(GLOB files RELATIVE ${WORK}/whole ${WORK}/whole/*)
 list(LENGTH files count)
 if(count LESS 10)

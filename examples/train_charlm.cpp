@@ -1,7 +1,7 @@
 // Trains the character-level language model of models/charlm.hpp on the prose files of Debian's
 // `fortunes` package: AdamW, warm-up + cosine decay, gradient clipping, validation in bits per
 // character, checkpoints that resume exactly, and a sample from a prompt.
-//   train_charlm [--model gpt2|llama] [--steps N] [--stop-after K] [--dtype float32]
+//   train_charlm [--model gpt2|llama] [--steps N] [--stop-after K] [--dtype float32|bfloat16]
 //                [--save DIR [--save-every N]] [--load DIR] [--prompt TEXT] ...
 // --model llama trains the LLaMA-style decoder of models/llama.hpp (RoPE, RMSNorm, grouped-query
 // attention with --kv-heads key/value heads, a SwiGLU MLP of width --hidden, logits through Eᵀ
@@ -13,7 +13,11 @@
 // writes the numbers (step, training bits/char, validation bits/char) without needing gnuplot.
 // --dtype float32 trains on a Tape<float>: float32 parameters, gradients and Adam moments, as
 // PyTorch trains in float32 (models/optimizer.hpp says which scalars stay double), and float32
-// checkpoints; a checkpoint of the other type is refused by name. --save-every N writes the
+// checkpoints; a checkpoint of the other type is refused by name. --dtype bfloat16 trains in mixed
+// precision as torch.autocast("cpu", dtype=torch.bfloat16) does: the float32 trainer, with every
+// matrix product reading bfloat16 copies and accumulating in float32 (ops/matmul_bf16.hpp); its
+// checkpoints hold float32 parameters and say bfloat16, so neither float32 nor bfloat16 resumes
+// the other. --save-every N writes the
 // checkpoint every N steps as well as at the end, each write atomic with the last complete one kept
 // until the next is in place, so a run killed at any moment (SIGKILL included) resumes with
 // --load DIR (the same DIR as --save) from the last checkpoint written, to the same bits as a run
@@ -153,8 +157,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
          "two threads train faster with 2 than with 1)")
         ("eval-every", integer(&r.eval_every, one)->default_value(r.eval_every), "validation every this many steps")
         ("eval-windows", integer(&r.eval_windows, one)->default_value(r.eval_windows), "validation windows during training")
-        ("dtype", po::value(&r.dtype)->default_value(r.dtype), "float64 or float32: the type of the parameters, "
-                                                                "gradients, Adam's moments and checkpoints")
+        ("dtype", po::value(&r.dtype)->default_value(r.dtype), "float64, float32 or bfloat16: the type of the "
+                                                                "parameters, gradients, Adam's moments and checkpoints "
+                                                                "(bfloat16: float32 ones, matrix products read in "
+                                                                "bfloat16 and accumulated in float32, as torch.autocast)")
         ("save", po::value(&r.save), "checkpoint directory written at the end (and with --save-every, every N steps)")
         ("save-every", integer(&r.save_every, none)->default_value(0), "with --save: also write the checkpoint every "
                                                                        "this many steps (atomically; 0: only at the end)")
@@ -180,9 +186,10 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
-    if (r.dtype != "float64" && r.dtype != "float32") {
-        throw cli::usage_error(fmt::format("--dtype must be float64 or float32, not '{}'", r.dtype));
+    if (r.dtype != "float64" && r.dtype != "float32" && r.dtype != "bfloat16") {
+        throw cli::usage_error(fmt::format("--dtype must be float64, float32 or bfloat16, not '{}'", r.dtype));
     }
+    if (r.dtype == "bfloat16") m.products = ProductPrecision::bfloat16;
     if (r.save_every > 0 && r.save.empty()) throw cli::usage_error("--save-every needs --save DIR");
     if (!r.save_tape.empty() && !r.check_step && !r.audit_step) {
         throw cli::usage_error("--save-tape saves the tape of the step --check-step or --audit-step takes; give one of them");
@@ -204,7 +211,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         throw cli::usage_error(fmt::format("--width must be a multiple of --heads (width {}, heads {})", m.width, m.heads));
     }
     check_family_options(r, values);
-    require_memory_for(m, r.dtype == "float32" ? sizeof(float) : sizeof(double));
+    require_memory_for(m, r.dtype == "float64" ? sizeof(double) : sizeof(float));
     return r;
 }
 
@@ -346,7 +353,7 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                model_sizes(trainer.network()), m.batch,
                m.micro_batches > 1 ? fmt::format(" in {} micro-batches", m.micro_batches) : std::string(),
                parameter_values(trainer.network()), other_family(m, corpus.alphabet.size()),
-               attention_kernel_name(m.kernel), dtype_name<T>(), trainer.steps_done() + 1, last, m.steps, r.threads);
+               attention_kernel_name(m.kernel), trainer.dtype(), trainer.steps_done() + 1, last, m.steps, r.threads);
     if (r.check_step) return check_one_step(trainer, r.save_tape);
     if (r.audit_step) return audit_one_step(trainer, r);
     const auto start = std::chrono::steady_clock::now();
@@ -397,7 +404,7 @@ int run(const RunOptions& r) {
     std::vector<std::filesystem::path> files(r.corpus.begin(), r.corpus.end());
     if (files.empty()) files = default_corpus_files();
     const Corpus corpus = load_corpus(files);
-    return r.dtype == "float32" ? run<float>(r, corpus, files) : run<double>(r, corpus, files);
+    return r.dtype == "float64" ? run<double>(r, corpus, files) : run<float>(r, corpus, files);
 }
 
 }  // namespace

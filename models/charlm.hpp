@@ -103,6 +103,11 @@ struct CharLmSettings {
     /// summed in part order, so results depend on this number but never on the threads; more than
     /// one part changes the gradients' last bits against one part (sums split in two).
     std::size_t micro_batches = 1;
+    /// What the model's matrix products read (a float trainer only): bfloat16 trains in mixed
+    /// precision as PyTorch's CPU autocast does (train_charlm --dtype bfloat16): every matmul reads
+    /// bfloat16 copies and accumulates in float32; parameters, gradients, Adam's moments, norms,
+    /// softmax, attention's fused kernel and the loss stay float32 (docs/design.md says why).
+    ProductPrecision products = ProductPrecision::tape;
 
     AdamSettings adam() const {
         return AdamSettings{.learning_rate = peak_rate, .beta2 = beta2, .weight_decay = weight_decay};
@@ -330,7 +335,15 @@ public:
             throw value_error(fmt::format("charlm: micro_batches is {}; it must be 1 to the batch size ({})",
                                           settings.micro_batches, settings.batch));
         }
-        for (std::size_t part = 0; part < settings.micro_batches; ++part) tapes_.emplace_back();
+        for (std::size_t part = 0; part < settings.micro_batches; ++part) {
+            tapes_.emplace_back().set_product_precision(settings.products);  // throws for bfloat16 unless float
+        }
+    }
+
+    /// The run's type as checkpoints and --dtype name it: float64, float32, or bfloat16 (a float
+    /// trainer whose products read bfloat16; its parameters are float32).
+    std::string_view dtype() const {
+        return settings_.products == ProductPrecision::bfloat16 ? std::string_view("bfloat16") : dtype_name<T>();
     }
 
     /// One AdamW step on the batch of step number steps_done(); returns the loss before it.
@@ -557,9 +570,13 @@ inline void require_same_run(const std::filesystem::path& directory, const std::
     }
     const std::string saved_dtype = fields.contains("dtype") ? fields.at("dtype") : "float64";
     if (saved_dtype != dtype) {
-        throw value_error(fmt::format("charlm: checkpoint '{}' holds {} parameters and moments, this run trains in {}: "
-                                      "resume it with --dtype {}",
-                                      directory.string(), saved_dtype, dtype, saved_dtype));
+        // bfloat16 runs keep float32 parameters and moments; their products read bfloat16.
+        const auto held = [](std::string_view d) {
+            return d == "bfloat16" ? std::string("float32 parameters and moments of a bfloat16 run")
+                                   : fmt::format("{} parameters and moments", d);
+        };
+        throw value_error(fmt::format("charlm: checkpoint '{}' holds {}, this run trains in {}: resume it with --dtype {}",
+                                      directory.string(), held(saved_dtype), dtype, saved_dtype));
     }
 }
 
@@ -618,12 +635,13 @@ inline std::filesystem::path find_checkpoint(const std::filesystem::path& direct
 /// complete DIR.partial, the newest, made DIR as a save would; else a complete DIR.previous renamed
 /// to DIR when DIR is not complete), so that clearing DIR.partial never deletes the only or the
 /// newest complete checkpoint. A save that fails (an exception) leaves the previous checkpoint in
-/// place and removes the partial one. A float32 run writes float32 files.
+/// place and removes the partial one. A float32 run writes float32 files (a bfloat16 run too: its
+/// parameters and moments are float32).
 template <std::floating_point T>
 void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
     namespace fs = std::filesystem;
     const fs::path partial = directory.string() + ".partial", previous = directory.string() + ".previous";
-    constexpr NpyDtype dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
+    constexpr NpyDtype file_dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
     // Each step atomic or on an older or incomplete copy: killed here, the state is still one of the above.
     if (charlm_files::complete(partial)) {
         fs::remove_all(previous);
@@ -640,15 +658,15 @@ void BasicCharLmTrainer<T>::save(const std::filesystem::path& directory) const {
         for (std::size_t i = 0; i < names_.size(); ++i) {
             const Tensor<T> zero(parameters_[i].shape());
             write_file_atomically((partial / ("param." + names_[i] + ".npy")).string(),
-                                  npy_bytes(parameters_[i], dtype), "charlm");
+                                  npy_bytes(parameters_[i], file_dtype), "charlm");
             write_file_atomically((partial / ("adam_m." + names_[i] + ".npy")).string(),
-                                  npy_bytes(state.first.empty() ? zero : state.first[i], dtype), "charlm");
+                                  npy_bytes(state.first.empty() ? zero : state.first[i], file_dtype), "charlm");
             write_file_atomically((partial / ("adam_v." + names_[i] + ".npy")).string(),
-                                  npy_bytes(state.second.empty() ? zero : state.second[i], dtype), "charlm");
+                                  npy_bytes(state.second.empty() ? zero : state.second[i], file_dtype), "charlm");
             if (i + 1 == names_.size() / 2) charlm_files::test_pause("files", adam_.steps());
         }
         write_file_atomically((partial / "manifest.txt").string(),
-                              charlm_files::manifest(network_, corpus_.alphabet, adam_.steps(), dtype_name<T>()),
+                              charlm_files::manifest(network_, corpus_.alphabet, adam_.steps(), dtype()),
                               "charlm");
         fs::remove_all(previous);
         if (fs::exists(directory)) fs::rename(directory, previous);
@@ -669,14 +687,15 @@ template <std::floating_point T>
 std::filesystem::path BasicCharLmTrainer<T>::load(const std::filesystem::path& requested) {
     const std::filesystem::path directory = find_checkpoint(requested);
     const auto fields = charlm_files::read_manifest(directory);
-    charlm_files::require_same_run(directory, fields, network_, corpus_.alphabet, dtype_name<T>());
+    charlm_files::require_same_run(directory, fields, network_, corpus_.alphabet, dtype());
     const NpyDtype expected_dtype = std::is_same_v<T, float> ? NpyDtype::float32 : NpyDtype::float64;
     const auto read = [&](const std::filesystem::path& file) {
         const std::string bytes = read_file_bytes(file, "charlm");
         const std::string source = fmt::format("'{}'", file.string());
         if (parse_npy_header(bytes, source).dtype != expected_dtype) {
             throw value_error(
-                fmt::format("charlm: '{}' is not {} as its manifest says", file.string(), dtype_name<T>()));
+                fmt::format("charlm: '{}' is not {} as its manifest says", file.string(),
+                            dtype_name<T>()));
         }
         return parse_npy<T>(bytes, source);
     };

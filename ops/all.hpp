@@ -23,6 +23,7 @@
 #include "ops/logsumexp.hpp"
 #include "ops/mask.hpp"
 #include "ops/matmul.hpp"
+#include "ops/matmul_bf16.hpp"
 #include "ops/max.hpp"
 #include "ops/mean.hpp"
 #include "ops/merge_heads.hpp"
@@ -60,7 +61,7 @@ namespace tapegrad {
 /// nowhere else of those.
 using LibraryOps =
     OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
-           LogSoftmax, LogSumExp, Mask, MatMul, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
+           LogSoftmax, LogSumExp, Mask, MatMul, MatMulBf16, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
            RepeatHeads, Reshape, RmsNorm, Rope, Scale, Shift, Sigmoid, Silu, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum,
            SumAxis, Tanh, Transpose>;
 

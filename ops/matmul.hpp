@@ -97,6 +97,23 @@ struct MatMul {
         return fast::matmul_update(dims(*before[0], *before[1]), before, after, C, C_new);
     }
 
+    /// matmul's arguments, checked for `op` (matmul or matmul_bf16).
+    template <Scalar T>
+    static void check_shapes(std::string_view op, const Var<T>& A, const Var<T>& B) {
+        checks::matrix(op, "A", A);
+        checks::matrix(op, "B", B);
+        const Shape& a = A.shape();
+        const Shape& b = B.shape();
+        if (a.cols() != b.rows()) {
+            throw shape_error(
+                fmt::format("{}: inner dimensions differ: A is {}, B is {}", op, a.to_string(), b.to_string()));
+        }
+        if (!(b.rank() == 2 || a.same_batch(b))) {
+            throw shape_error(
+                fmt::format("{}: batch dimensions differ: A is {}, B is {}", op, a.to_string(), b.to_string()));
+        }
+    }
+
     template <Scalar T>
     static OpCost cost(const Settings&, Inputs<T> in) {
         const Dims d = dims(*in[0], *in[1]);
@@ -106,19 +123,15 @@ struct MatMul {
 };
 
 template <Scalar T>
+Var<T> matmul_bf16(const Var<T>& A, const Var<T>& B);  // ops/matmul_bf16.hpp
+
+/// A·B; on a float tape whose products are bfloat16 (Tape::set_product_precision), matmul_bf16.
+template <Scalar T>
 Var<T> matmul(const Var<T>& A, const Var<T>& B) {
-    checks::matrix(MatMul::name, "A", A);
-    checks::matrix(MatMul::name, "B", B);
-    const Shape& a = A.shape();
-    const Shape& b = B.shape();
-    if (a.cols() != b.rows()) {
-        throw shape_error(fmt::format("matmul: inner dimensions differ: A is {}, B is {}", a.to_string(),
-                                      b.to_string()));
+    if constexpr (std::is_same_v<T, float>) {  // (an invalid A is refused by the checks below)
+        if (A.valid() && A.tape().product_precision() == ProductPrecision::bfloat16) return matmul_bf16(A, B);
     }
-    if (!(b.rank() == 2 || a.same_batch(b))) {
-        throw shape_error(fmt::format("matmul: batch dimensions differ: A is {}, B is {}", a.to_string(),
-                                      b.to_string()));
-    }
+    MatMul::check_shapes(MatMul::name, A, B);
     return A.tape().template record<MatMul>({A, B});
 }
 

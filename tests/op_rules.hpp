@@ -545,6 +545,15 @@ struct MatmulRule {
     static V record(const Operands<V>& x) { return matmul(x[0], x[1]); }
 };
 
+// The bfloat16 product by name: on the checks' tapes (double, 50 digits, duals) the exact product,
+// so its row proves the VJP formulas it shares with matmul; its float path (the rounding) is
+// tests/test_mixed_precision.cpp's.
+struct MatmulBf16Rule : MatmulRule {
+    static constexpr std::string_view name = "matmul_bf16";
+    template <class V>
+    static V record(const Operands<V>& x) { return matmul_bf16(x[0], x[1]); }
+};
+
 struct TransposeRule {
     static constexpr std::string_view name = "transpose";
     static bool draw(Drawing& d) {
@@ -1009,7 +1018,7 @@ struct RuleList {
 // clang-format off
 using Rules = RuleList<
     AddRule, SubRule, MulRule, DivRule, AddBiasRule, NegRule, ShiftRule, ScaleRule, ReciprocalRule, ExpRule, LogRule,
-    SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, TransposeRule,
+    SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, MatmulBf16Rule, TransposeRule,
     SoftmaxRule, MaskRule, LogSoftmaxRule, LayerNormRule, FusedAttentionRule, SumRule, SumAxisRule, MeanRule,
     MaxRule, LogsumexpRule, ReshapeRule, ConcatRule, SliceRule, PermuteRule, DropoutRule, DropoutWithMaskRule,
     EmbeddingRule, CrossEntropyRule, SplitHeadsRule, MergeHeadsRule, RmsNormRule, SiluRule, RopeRule,

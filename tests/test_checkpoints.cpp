@@ -445,6 +445,52 @@ BOOST_AUTO_TEST_CASE(a_decoder_checkpoint_names_its_family_and_sizes_and_resumes
     BOOST_TEST(other.find("this trainer's model, llama") != std::string::npos, other);
 }
 
+// A bfloat16 run (CharLmSettings::products, a float trainer whose products read bfloat16) names
+// itself in its checkpoint, resumes exactly, and is refused by a float32 run and refuses a float32
+// checkpoint, both ways naming the other; a double trainer refuses the policy; its steps differ
+// from the float32 trainer's (the products really read bfloat16), for both families.
+BOOST_AUTO_TEST_CASE(a_bfloat16_run_names_itself_resumes_exactly_and_refuses_float32_both_ways) {
+    const Scratch scratch("bfloat16");
+    const Corpus corpus = random_corpus();
+    for (CharLmSettings settings : {small_charlm(), small_llama()}) {
+        const std::string family(char_lm_model_name(settings.model));
+        BasicCharLmTrainer<float> float32(settings, corpus);
+        settings.products = ProductPrecision::bfloat16;
+        BasicCharLmTrainer<float> trainer(settings, corpus);
+        BOOST_TEST(trainer.dtype() == "bfloat16");
+        const double first = trainer.step(), first_float32 = float32.step();
+        BOOST_TEST(std::isfinite(first));
+        // The same start, the loss through bfloat16 products: near float32's (bfloat16 keeps 2-3
+        // digits of each product's operands; the loss ~2.5 nats moves by far less than 1%), not equal.
+        BOOST_TEST(first != first_float32, family);
+        BOOST_TEST(std::fabs(first - first_float32) < 0.01 * first_float32, family);
+        trainer.step();
+        float32.step();
+        trainer.save(scratch.root / family);
+        float32.save(scratch.root / (family + "_float32"));
+        BOOST_TEST(has_line(manifest_lines(scratch.root / family), "dtype bfloat16"), family);
+
+        BasicCharLmTrainer<float> resumed(settings, corpus);
+        resumed.load(scratch.root / family);
+        BOOST_TEST((resumed.parameters() == trainer.parameters()));
+        BOOST_TEST(resumed.step() == trainer.step(), family);
+        BOOST_TEST((resumed.parameters() == trainer.parameters()));
+
+        const std::string into_bf16 =
+            testing::message_of<value_error>([&] { resumed.load(scratch.root / (family + "_float32")); });
+        BOOST_TEST(into_bf16.find("holds float32 parameters and moments, this run trains in bfloat16: resume it with "
+                                  "--dtype float32") != std::string::npos, into_bf16);
+        settings.products = ProductPrecision::tape;
+        BasicCharLmTrainer<float> as_float32(settings, corpus);
+        const std::string into_float32 = testing::message_of<value_error>([&] { as_float32.load(scratch.root / family); });
+        BOOST_TEST(into_float32.find("holds float32 parameters and moments of a bfloat16 run, this run trains in "
+                                     "float32: resume it with --dtype bfloat16") != std::string::npos, into_float32);
+        settings.products = ProductPrecision::bfloat16;
+        const std::string on_double = testing::message_of<usage_error>([&] { CharLmTrainer refused(settings, corpus); });
+        BOOST_TEST(on_double.find("bfloat16 products are a float32 tape's policy") != std::string::npos, on_double);
+    }
+}
+
 // Resuming across families is refused both ways with a message naming both (and the option that
 // would resume it); a decoder checkpoint resumed with other kv_heads, hidden or tied is refused
 // with both sizes named, the checkpoint's and the run's.

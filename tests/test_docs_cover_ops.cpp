@@ -90,7 +90,7 @@ std::string unlisted(const std::map<std::string, std::string>& declared) {
 std::set<std::string> readme_functions(const std::string& path) {
     std::ifstream file(path);
     if (!file) throw std::runtime_error("cannot read " + path);
-    static const std::regex function(R"re(`([a-z_]+)\()re"), op_named(R"re(\(op `([a-z_]+)`\))re");
+    static const std::regex function(R"re(`([a-z0-9_]+)\()re"), op_named(R"re(\(op `([a-z0-9_]+)`\))re");
     std::set<std::string> names;
     bool in_ops = false;
     for (std::string line; std::getline(file, line);) {

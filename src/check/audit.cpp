@@ -19,6 +19,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -213,6 +214,10 @@ struct Run {
     // Applied to every result a low node stores (values, VJP contributions, sums of them): the
     // Monte Carlo estimate's random rounding; empty for the audit.
     std::function<void(Tensor<S>&)> perturb{};
+    // Applied to what a low node reads in a 16-bit format (its op's input_format: matmul_bf16's
+    // inputs and upstream gradient), before the op rounds it: the estimate's random rounding of
+    // that format; empty for the audit.
+    std::function<void(Tensor<S>&, const HalfFormat&)> perturb_read{};
     // Where an op's refusal is noted (none: not noted), and the run's name in the note.
     EventLog* log = nullptr;
     std::string name{};
@@ -233,7 +238,8 @@ struct Run {
             if (node.kind == nullptr) {
                 values[i] = low(i) ? convert<W>(lowered<S>(again.value, storage)) : again.value;
             } else if (low(i)) {
-                const std::vector<Tensor<S>> in = low_inputs(node.inputs);
+                std::vector<Tensor<S>> in = low_inputs(node.inputs);
+                read_in_format(node.kind, in);
                 Tensor<S> out;
                 try {
                     node.kind->forward(node.settings, pointers(in), out, saved_low[i]);
@@ -286,6 +292,11 @@ private:
         return in;
     }
 
+    void read_in_format(const OpKind<S>* kind, std::vector<Tensor<S>>& read) const {
+        if (!perturb_read || kind->input_format == nullptr) return;
+        for (Tensor<S>& x : read) perturb_read(x, *kind->input_format);
+    }
+
     std::vector<Tensor<S>> low_inputs(std::span<const std::uint32_t> indices) const {
         std::vector<Tensor<S>> in;
         for (const std::uint32_t k : indices) in.push_back(convert<S>(values[k]));
@@ -297,8 +308,12 @@ private:
         const auto node = recorded.recorded(i);
         std::vector<Tensor<W>> contributions(node.inputs.size());
         if (low(i)) {
-            const std::vector<Tensor<S>> in = low_inputs(node.inputs);
-            const Tensor<S> out = convert<S>(values[i]), G = convert<S>(adjoints[i]);
+            std::vector<Tensor<S>> in = low_inputs(node.inputs);
+            in.push_back(convert<S>(adjoints[i]));  // G, read as the inputs are
+            read_in_format(node.kind, in);
+            const Tensor<S> G = std::move(in.back());
+            in.pop_back();
+            const Tensor<S> out = convert<S>(values[i]);
             std::vector<Tensor<S>> grads(node.inputs.size());
             std::vector<Tensor<S>*> slots(node.inputs.size(), nullptr);
             for (std::size_t s = 0; s < slots.size(); ++s) {
@@ -539,6 +554,9 @@ void contributor_runs(const Tape<S>& tape, const Var<S>& J, Storage storage, con
 }
 
 template <Scalar S>
+PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateOptions& options);
+
+template <Scalar S>
 PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& options) {
     const Progress progress{options.progress};
     if (!tape.holds(J)) {
@@ -602,6 +620,11 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
         if (branches.size() > 1) leaf.branches = std::move(branches);
         result.leaves.push_back(std::move(leaf));
     }
+    if (options.storage == Storage::recorded) {
+        progress("the prediction: estimate_precision's 8 runs with random rounding");
+        const PrecisionEstimate predicted = estimate(tape, J, EstimateOptions{});
+        for (std::size_t l = 0; l < result.leaves.size(); ++l) result.leaves[l].predicted = predicted.leaves[l].normwise;
+    }
 
     // Ranked by the local error in units of u (the digits lost, not clipped at 0: below one u the
     // order still says where the rounding is, as for a constant kept in bfloat16).
@@ -646,6 +669,20 @@ struct RandomRounding {
             v = static_cast<S>(static_cast<double>(v) + xi(generator) * ulp);
         }
     }
+
+    // What an op reads in `format`, moved by ξ/2 of that format's units in the last place: the
+    // op's rounding to nearest then goes up with probability equal to the distance from the lower
+    // neighbour (stochastic rounding), an unbiased draw of the rounding error whose spread is √2
+    // times round-to-nearest's root mean square (variance ulp²/6 against ulp²/12).
+    void read(Tensor<S>& x, const HalfFormat& format) {
+        std::uniform_real_distribution<double> xi(-1, 1);
+        for (S& v : x.data()) {
+            if (!std::isfinite(v) || v == 0) continue;
+            const int exponent = std::max(std::ilogb(v), format.min_exponent());
+            const double ulp = std::ldexp(1.0, exponent - format.fraction_bits);
+            v = static_cast<S>(static_cast<double>(v) + xi(generator) * ulp / 2);
+        }
+    }
 };
 
 template <Scalar S>
@@ -668,7 +705,9 @@ PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateO
     for (std::size_t r = 0; r < options.runs; ++r) {
         Run<S, S> run(tape, tape, identity, J.index(), Storage::recorded, [](std::uint32_t) { return true; });
         std::seed_seq seeds{options.seed, static_cast<std::uint64_t>(r)};
-        run.perturb = RandomRounding<S>{std::mt19937_64(seeds)};
+        auto rounding = std::make_shared<RandomRounding<S>>(RandomRounding<S>{std::mt19937_64(seeds)});
+        run.perturb = [rounding](Tensor<S>& x) { (*rounding)(x); };
+        run.perturb_read = [rounding](Tensor<S>& x, const HalfFormat& format) { rounding->read(x, format); };
         run.forward();
         run.backward(false);
         for (std::size_t l = 0; l < leaves.size(); ++l) {

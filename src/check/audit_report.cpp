@@ -63,6 +63,7 @@ Json json_of(const LeafAudit& leaf) {
             {"top_contributor", leaf.top_contributor},
             {"top_contributor_op", leaf.top_contributor_op},
             {"top_contributor_share", leaf.top_contributor_share},
+            {"predicted", leaf.predicted ? Json(*leaf.predicted) : Json()},
             {"branches", std::move(branches)}};
 }
 
@@ -103,10 +104,13 @@ std::string PrecisionAudit::table(std::size_t rows) const {
                             events.size());
         for (const AuditEvent& e : events) text += fmt::format("  node {} ({}), in {}: {}\n", e.node, e.op, e.run, e.what);
     }
-    text += "leaf gradients: normwise error, worst element (relative), ULPs, digits lost; the node contributing most\n";
+    text += "leaf gradients: normwise error (predicted: estimate_precision's spread), worst element (relative), "
+            "ULPs, digits lost; the node contributing most\n";
     for (const LeafAudit& leaf : leaves) {
-        text += fmt::format("  {:<18} {:>9} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
-                            number(leaf.gradient.normwise), number(leaf.gradient.worst_element), leaf.gradient.worst_at,
+        text += fmt::format("  {:<18} {:>9} {:<21} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
+                            number(leaf.gradient.normwise),
+                            leaf.predicted ? fmt::format("(predicted {})", number(*leaf.predicted)) : std::string(),
+                            number(leaf.gradient.worst_element), leaf.gradient.worst_at,
                             number(leaf.gradient.ulps, "{:.3g}"), digits(leaf.gradient), top_contributor(leaf));
         for (const BranchAudit& b : leaf.branches) {
             text += fmt::format("      branch via node {} ({}, input {}): normwise {}, {} digits\n", b.consumer, b.op,

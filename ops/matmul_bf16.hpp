@@ -1,0 +1,106 @@
+/// \file
+/// matmul_bf16: the matrix product C = A·B read in bfloat16 and accumulated in float32, the
+/// product PyTorch's CPU autocast to bfloat16 runs. A float tape records it for every matmul once
+/// Tape::set_product_precision(ProductPrecision::bfloat16) is set (ops/matmul.hpp), or a program
+/// calls it by name.
+///   shapes as matmul: A [..., m, k] · B [..., k, n] or B [k, n] -> C [..., m, n]
+/// The function is the product itself, C = A·B; bfloat16 is how a float tape computes it, not part
+/// of it. On a Tape<float>: A and B rounded to bfloat16 (nearest, ties to even:
+/// bfloat16_from_float), their products summed in float32 (kernels::gemm_bf16: vdpbf16ps where the
+/// CPU has AVX512_BF16, its exact emulation elsewhere), C kept in float32. On every other scalar
+/// type (double, 50 digits, duals): the exact product, matmul's, which is what a check re-runs
+/// and what the precision audit holds the bfloat16 run to.
+/// VJP (G = dJ/dC), matmul's, with G, A and B read in bfloat16 on a float tape:
+///   dA = G·Bᵀ
+///   dB = Aᵀ·G          (summed over the batch when B is shared)
+/// `input_format` (autodiff/op.hpp) tells the precision estimate that this op reads bfloat16.
+#pragma once
+
+#include "autodiff/instances.hpp"
+#include "autodiff/kernels.hpp"
+#include "autodiff/low_precision.hpp"
+#include "autodiff/tape.hpp"
+#include "ops/matmul.hpp"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tapegrad {
+
+struct MatMulBf16 {
+    static constexpr std::string_view name = "matmul_bf16";
+    static constexpr Arity arity{2};
+    using Settings = NoSettings;
+    static constexpr HalfFormat input_format = bfloat16_format;
+    using hooks_of = MatMulBf16;  ///< declares vjp_all (both inputs from one rounded G)
+    template <Scalar T>
+    static Var<T> record(const Settings&, std::span<const Var<T>> in) {
+        return matmul_bf16(in[0], in[1]);
+    }
+
+    template <Scalar T>
+    static void forward(const Settings& s, Inputs<T> in, Tensor<T>& C, Tensor<T>& saved) {
+        if constexpr (!std::is_same_v<T, float>) {
+            MatMul::forward<T>(s, in, C, saved);
+        } else {
+            const MatMul::Dims d = MatMul::dims(*in[0], *in[1]);
+            const std::vector<std::uint16_t> a = rounded(*in[0]), b = rounded(*in[1]);
+            C.resize(in[0]->shape().with_matrix(in[0]->rows(), in[1]->cols()));
+            for (std::size_t n = 0; n < d.batch; ++n) {
+                kernels::gemm_bf16(kernels::Form::ab, d.m, d.n, d.k, a.data() + n * d.m * d.k, b.data() + n * d.k * d.n,
+                                   C.data().data() + n * d.m * d.n, false);
+            }
+        }
+    }
+
+    template <Scalar T>
+    static void vjp_all(const Settings& s, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        if constexpr (!std::is_same_v<T, float>) {
+            MatMul::vjp_all<T>(s, at, grads);
+        } else {
+            const MatMul::Dims d = MatMul::dims(*at.in[0], *at.in[1]);
+            const std::vector<std::uint16_t> G = rounded(at.G);
+            if (Tensor<float>* dA = grads[0]; dA != nullptr) {  // dA = G·Bᵀ
+                const std::vector<std::uint16_t> b = rounded(*at.in[1]);
+                for (std::size_t n = 0; n < d.batch; ++n) {
+                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G.data() + n * d.m * d.n,
+                                       b.data() + n * d.k * d.n, dA->data().data() + n * d.m * d.k, false);
+                }
+            }
+            if (Tensor<float>* dB = grads[1]; dB != nullptr) {  // dB = Aᵀ·G
+                const std::vector<std::uint16_t> a = rounded(*at.in[0]);
+                for (std::size_t n = 0; n < d.batch; ++n) {
+                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a.data() + n * d.m * d.k,
+                                       G.data() + n * d.m * d.n, dB->data().data() + n * d.k * d.n, false);
+                }
+            }
+        }
+    }
+
+    template <Scalar T>
+    static OpCost cost(const Settings& s, Inputs<T> in) {
+        return MatMul::cost<T>(s, in);
+    }
+
+private:
+    /// The bfloat16 copy a product reads.
+    static std::vector<std::uint16_t> rounded(const Tensor<float>& x) {
+        std::vector<std::uint16_t> bits(x.size());
+        round_to_bfloat16(x.data(), bits);
+        return bits;
+    }
+};
+
+template <Scalar T>
+Var<T> matmul_bf16(const Var<T>& A, const Var<T>& B) {
+    MatMul::check_shapes(MatMulBf16::name, A, B);
+    return A.tape().template record<MatMulBf16>({A, B});
+}
+
+// Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).
+#define TAPEGRAD_OP_INSTANCES(T) TAPEGRAD_INSTANCE Var<T> matmul_bf16<T>(const Var<T>&, const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_OP_INSTANCES)
+#undef TAPEGRAD_OP_INSTANCES
+
+}  // namespace tapegrad
