@@ -68,12 +68,16 @@ struct Block {
 /// defines; on the calling thread.
 using Bf16GemmBlock = void (*)(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
                                const std::uint16_t* B, float* C, bool accumulate, Block block);
+/// x[0..n) rounded to bfloat16 into out[0..n) (bit patterns), to nearest even as
+/// autodiff/low_precision.hpp's bfloat16_from_float rounds, the same bits at every level: the
+/// copies the bfloat16 products read (ops/matmul_bf16.hpp).
+using RoundToBf16 = void (*)(const float* x, std::size_t n, std::uint16_t* out);
 /// The place, in a table of another type, of a kernel only one type's table has (the bfloat16
 /// product is float's: the double table has none to call).
 struct Absent {};
 }  // namespace kernels
 
-/// The engine's kernels (products, the bfloat16 product, the tape's NaN scan, the dual planes),
+/// The engine's kernels (products, the bfloat16 product and rounding, the tape's NaN scan, the dual planes),
 /// compiled once per level for float and double: one table per level and type, filled by name
 /// (src/cpu/level_kernels.hpp, with designated initializers, so two kernels of the same signature
 /// cannot change places unnoticed).
@@ -93,6 +97,8 @@ struct EngineKernels {
     /// float's table only: the bfloat16 product accumulated in float32 (kernels::gemm_bf16): vdpbf16ps
     /// at the avx512_bf16 level, its exact emulation at the others.
     std::conditional_t<std::is_same_v<T, float>, kernels::Bf16GemmBlock, kernels::Absent> gemm_bf16_block;
+    /// float's table only: floats rounded to bfloat16 (the products' copies), vectorised per level.
+    std::conditional_t<std::is_same_v<T, float>, kernels::RoundToBf16, kernels::Absent> round_to_bf16;
 };
 
 /// The engine kernels of the level running now (cpu_level()), for T = float or double.

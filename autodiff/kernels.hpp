@@ -152,4 +152,10 @@ inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, co
     });
 }
 
+/// x[0..n) rounded to bfloat16 into out[0..n), as bfloat16_from_float (autodiff/low_precision.hpp)
+/// rounds each, at the active CPU level (vectorised; the same bits at every level).
+inline void round_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
+    engine_kernels<float>().round_to_bf16(x, n, out);
+}
+
 }  // namespace tapegrad::kernels

@@ -23,6 +23,7 @@
 #include "ops/matmul.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -45,10 +46,10 @@ struct MatMulBf16 {
             MatMul::forward<T>(s, in, C, saved);
         } else {
             const MatMul::Dims d = MatMul::dims(*in[0], *in[1]);
-            const std::vector<std::uint16_t> a = rounded(*in[0]), b = rounded(*in[1]);
+            const Bf16Copy a = rounded(*in[0]), b = rounded(*in[1]);
             C.resize(in[0]->shape().with_matrix(in[0]->rows(), in[1]->cols()));
             for (std::size_t n = 0; n < d.batch; ++n) {
-                kernels::gemm_bf16(kernels::Form::ab, d.m, d.n, d.k, a.data() + n * d.m * d.k, b.data() + n * d.k * d.n,
+                kernels::gemm_bf16(kernels::Form::ab, d.m, d.n, d.k, a.get() + n * d.m * d.k, b.get() + n * d.k * d.n,
                                    C.data().data() + n * d.m * d.n, false);
             }
         }
@@ -60,19 +61,19 @@ struct MatMulBf16 {
             MatMul::vjp_all<T>(s, at, grads);
         } else {
             const MatMul::Dims d = MatMul::dims(*at.in[0], *at.in[1]);
-            const std::vector<std::uint16_t> G = rounded(at.G);
+            const Bf16Copy G = rounded(at.G);
             if (Tensor<float>* dA = grads[0]; dA != nullptr) {  // dA = G·Bᵀ
-                const std::vector<std::uint16_t> b = rounded(*at.in[1]);
+                const Bf16Copy b = rounded(*at.in[1]);
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G.data() + n * d.m * d.n,
-                                       b.data() + n * d.k * d.n, dA->data().data() + n * d.m * d.k, false);
+                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G.get() + n * d.m * d.n,
+                                       b.get() + n * d.k * d.n, dA->data().data() + n * d.m * d.k, false);
                 }
             }
             if (Tensor<float>* dB = grads[1]; dB != nullptr) {  // dB = Aᵀ·G
-                const std::vector<std::uint16_t> a = rounded(*at.in[0]);
+                const Bf16Copy a = rounded(*at.in[0]);
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a.data() + n * d.m * d.k,
-                                       G.data() + n * d.m * d.n, dB->data().data() + n * d.k * d.n, false);
+                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a.get() + n * d.m * d.k,
+                                       G.get() + n * d.m * d.n, dB->data().data() + n * d.k * d.n, false);
                 }
             }
         }
@@ -84,10 +85,12 @@ struct MatMulBf16 {
     }
 
 private:
-    /// The bfloat16 copy a product reads.
-    static std::vector<std::uint16_t> rounded(const Tensor<float>& x) {
-        std::vector<std::uint16_t> bits(x.size());
-        round_to_bfloat16(x.data(), bits);
+    /// The bfloat16 copy a product reads (kernels::round_to_bf16: bfloat16_from_float, vectorised),
+    /// in a buffer not zeroed first (every element is written).
+    using Bf16Copy = std::unique_ptr<std::uint16_t[]>;
+    static Bf16Copy rounded(const Tensor<float>& x) {
+        Bf16Copy bits = std::make_unique_for_overwrite<std::uint16_t[]>(x.size());
+        kernels::round_to_bf16(x.data().data(), x.size(), bits.get());
         return bits;
     }
 };

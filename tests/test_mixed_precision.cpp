@@ -195,6 +195,28 @@ BOOST_AUTO_TEST_CASE(a_float_rounds_to_bfloat16_as_the_reference_rounds_its_doub
     for (std::size_t k = 0; k < from.size(); ++k) BOOST_TEST(to[k] == bfloat16_bits(static_cast<double>(from[k])));
 }
 
+// The compiled rounding (kernels::round_to_bf16, per CPU level: CTest runs this file under each
+// TAPEGRAD_CPU) gives bfloat16_from_float's bits at every length 0..80 (each vector remainder) and
+// offset, on values that cross every boundary class (ties, carries, subnormals, inf, NaN).
+BOOST_AUTO_TEST_CASE(the_compiled_rounding_is_the_reference_at_every_length_and_level) {
+    std::mt19937_64 rng(9);
+    std::vector<float> values;
+    for (const std::uint32_t bits : {0x00008000u, 0x00018000u, 0x007fffffu, 0x3f808000u, 0x3f818000u, 0x7f7f8000u,
+                                     0x7f7fffffu, 0x7f800000u, 0x7fa12345u, 0xffc00001u, 0x80000001u}) {
+        values.push_back(std::bit_cast<float>(bits));
+    }
+    while (values.size() < 200) values.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+    for (std::size_t offset = 0; offset < 3; ++offset)
+        for (std::size_t n = 0; n <= 80; ++n) {
+            std::vector<std::uint16_t> out(n + 1, 0xabcd);
+            kernels::round_to_bf16(values.data() + offset, n, out.data());
+            for (std::size_t k = 0; k < n; ++k) {
+                BOOST_TEST_REQUIRE(out[k] == bfloat16_from_float(values[offset + k]), "n " << n << " k " << k);
+            }
+            BOOST_TEST_REQUIRE(out[n] == 0xabcd);  // nothing written past n
+        }
+}
+
 BOOST_AUTO_TEST_CASE(a_bfloat16_tape_records_matmul_bf16_and_only_a_float_tape_takes_the_policy) {
     std::mt19937_64 rng(1);
     Tape<float> tape;

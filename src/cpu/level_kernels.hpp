@@ -12,6 +12,7 @@
 // tiny products (where Eigen would take its coefficient-wise path) are plain loops.
 #pragma once
 
+#include "autodiff/low_precision.hpp"
 #include "src/cpu/bf16_product.hpp"
 #include "src/cpu/kernel_table.hpp"
 
@@ -334,6 +335,22 @@ constexpr auto bf16_product_for() {
     }
 }
 
+// Floats rounded to bfloat16 by bfloat16_from_float's integer steps, which the compiler
+// vectorises at this level's width (avx512_bf16 reuses avx512's: its vcvtneps2bf16 flushes
+// subnormals, which this rounding keeps).
+void round_floats_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
+    for (std::size_t k = 0; k < n; ++k) out[k] = bfloat16_from_float(x[k]);
+}
+
+template <class T>
+constexpr auto bf16_rounding_for() {
+    if constexpr (std::is_same_v<T, float>) {
+        return &round_floats_to_bf16;
+    } else {
+        return kernels::Absent{};
+    }
+}
+
 // This level's tables, filled by name.
 template <class T>
 constexpr EngineKernels<T> engine_kernels_for() {
@@ -341,7 +358,8 @@ constexpr EngineKernels<T> engine_kernels_for() {
             .any_nan = &any_nan<T>,
             .deinterleave = &deinterleave<T>,
             .interleave = &interleave<T>,
-            .gemm_bf16_block = bf16_product_for<T>()};
+            .gemm_bf16_block = bf16_product_for<T>(),
+            .round_to_bf16 = bf16_rounding_for<T>()};
 }
 
 template <class T>
