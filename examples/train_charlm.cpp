@@ -31,6 +31,7 @@
 // many threads as --threads gives (two threads: --threads 2 --micro-batches 2); the result depends
 // on P, never on the threads.
 #include "models/charlm.hpp"
+#include "autodiff/cpu.hpp"
 #include "autodiff/parallel.hpp"
 #include "check/audit.hpp"
 #include "check/recorded.hpp"
@@ -354,6 +355,11 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                m.micro_batches > 1 ? fmt::format(" in {} micro-batches", m.micro_batches) : std::string(),
                parameter_values(trainer.network()), other_family(m, corpus.alphabet.size()),
                attention_kernel_name(m.kernel), trainer.dtype(), trainer.steps_done() + 1, last, m.steps, r.threads);
+    if (m.products == ProductPrecision::bfloat16 && cpu_level() != CpuLevel::avx512_bf16) {
+        fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are emulated exactly "
+                   "(the same results), 6 to 8 times slower than float32 steps (docs/performance.md)\n",
+                   cpu_level_name(cpu_level()));
+    }
     if (r.check_step) return check_one_step(trainer, r.save_tape);
     if (r.audit_step) return audit_one_step(trainer, r);
     const auto start = std::chrono::steady_clock::now();
