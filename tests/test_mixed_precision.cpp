@@ -65,7 +65,8 @@ struct MatMulBf16AccumulatingInBf16 : MatMulBf16 {
         for (std::size_t i = 0; i < m; ++i)
             for (std::size_t j = 0; j < n; ++j) {
                 float sum = 0;
-                for (std::size_t p = 0; p < k; ++p) sum = static_cast<float>(bf16(sum + static_cast<float>(bf16(a(i, p)) * bf16(b(p, j)))));
+                for (std::size_t p = 0; p < k; ++p)
+                    sum = static_cast<float>(bf16(sum + static_cast<float>(bf16(a(i, p)) * bf16(b(p, j)))));
                 C[i * n + j] = sum;
             }
     }
@@ -79,8 +80,9 @@ struct MatMulBf16AccumulatingInBf16 : MatMulBf16 {
             const MatMul::Dims d = MatMul::dims(A, B);
             BOOST_TEST_REQUIRE(d.batch == 1u);
             C.resize(A.shape().with_matrix(A.rows(), B.cols()));
-            product(d.m, d.n, d.k, [&](std::size_t i, std::size_t p) { return A[i * d.k + p]; },
-                    [&](std::size_t p, std::size_t j) { return B[p * d.n + j]; }, C.data().data());
+            product(
+                d.m, d.n, d.k, [&](std::size_t i, std::size_t p) { return A[i * d.k + p]; },
+                [&](std::size_t p, std::size_t j) { return B[p * d.n + j]; }, C.data().data());
         }
     }
     template <Scalar T>
@@ -93,12 +95,14 @@ struct MatMulBf16AccumulatingInBf16 : MatMulBf16 {
             const Tensor<float>& G = at.G;
             const MatMul::Dims d = MatMul::dims(A, B);
             if (grads[0] != nullptr) {  // dA = G·Bᵀ
-                product(d.m, d.k, d.n, [&](std::size_t i, std::size_t j) { return G[i * d.n + j]; },
-                        [&](std::size_t j, std::size_t p) { return B[p * d.n + j]; }, grads[0]->data().data());
+                product(
+                    d.m, d.k, d.n, [&](std::size_t i, std::size_t j) { return G[i * d.n + j]; },
+                    [&](std::size_t j, std::size_t p) { return B[p * d.n + j]; }, grads[0]->data().data());
             }
             if (grads[1] != nullptr) {  // dB = Aᵀ·G
-                product(d.k, d.n, d.m, [&](std::size_t p, std::size_t i) { return A[i * d.k + p]; },
-                        [&](std::size_t i, std::size_t j) { return G[i * d.n + j]; }, grads[1]->data().data());
+                product(
+                    d.k, d.n, d.m, [&](std::size_t p, std::size_t i) { return A[i * d.k + p]; },
+                    [&](std::size_t i, std::size_t j) { return G[i * d.n + j]; }, grads[1]->data().data());
             }
         }
     }
@@ -178,8 +182,8 @@ BOOST_AUTO_TEST_CASE(a_float_rounds_to_bfloat16_as_the_reference_rounds_its_doub
             const float x = std::bit_cast<float>(magnitude | sign);
             const std::uint16_t fast = bfloat16_from_float(x), reference = bfloat16_bits(static_cast<double>(x));
             if (fast != reference && disagreements++ < 5) {
-                BOOST_ERROR(fmt::format("{:#010x}: bfloat16_from_float {:#06x}, bfloat16_bits {:#06x}", magnitude | sign,
-                                        fast, reference));
+                BOOST_ERROR(fmt::format("{:#010x}: bfloat16_from_float {:#06x}, bfloat16_bits {:#06x}",
+                                        magnitude | sign, fast, reference));
             }
         }
     }
@@ -234,8 +238,8 @@ BOOST_AUTO_TEST_CASE(a_bfloat16_tape_records_matmul_bf16_and_only_a_float_tape_t
     BOOST_TEST(tape.info(matmul(A2, tape.leaf(uniform_tensor(Shape{4, 2}, rng, -1, 1))).index()).op == "matmul");
 
     Tape<double> precise;
-    const std::string refused = testing::message_of<usage_error>(
-        [&] { precise.set_product_precision(ProductPrecision::bfloat16); });
+    const std::string refused =
+        testing::message_of<usage_error>([&] { precise.set_product_precision(ProductPrecision::bfloat16); });
     BOOST_TEST(refused.find("bfloat16 products are a float32 tape's policy") != std::string::npos, refused);
     BOOST_TEST((precise.product_precision() == ProductPrecision::tape));
 }
@@ -252,30 +256,35 @@ BOOST_AUTO_TEST_CASE(forward_and_vjp_are_the_float32_sum_of_bfloat16_products) {
         const Var<float> C = matmul(A, B);
         tape.backward(sum(mul(C, tape.constant(P))));
         const Tensor<float>&a = A.value(), &b = B.value(), &c = C.value();
-        const auto b_at = [&](std::size_t s, std::size_t p, std::size_t j) { return b[(shared ? 0 : s * k * n) + p * n + j]; };
+        const auto b_at = [&](std::size_t s, std::size_t p, std::size_t j) {
+            return b[(shared ? 0 : s * k * n) + p * n + j];
+        };
         std::size_t moved = 0;
         for (std::size_t s = 0; s < batch; ++s)
             for (std::size_t i = 0; i < m; ++i)
                 for (std::size_t j = 0; j < n; ++j) {
-                    const Reference r = reference(k, [&](std::size_t p) { return a[(s * m + i) * k + p]; },
-                                                  [&](std::size_t p) { return b_at(s, p, j); });
+                    const Reference r = reference(
+                        k, [&](std::size_t p) { return a[(s * m + i) * k + p]; },
+                        [&](std::size_t p) { return b_at(s, p, j); });
                     BOOST_TEST(std::fabs(c[(s * m + i) * n + j] - r.value) <= r.bound);
                     moved += std::fabs(c[(s * m + i) * n + j] - r.unrounded) > r.bound ? 1 : 0;
                 }
-        BOOST_TEST(moved > batch * m * n / 2);  // the operands were rounded: most sums moved past the bound
+        BOOST_TEST(moved > batch * m * n / 2);   // the operands were rounded: most sums moved past the bound
         for (std::size_t s = 0; s < batch; ++s)  // dA = G·Bᵀ
             for (std::size_t i = 0; i < m; ++i)
                 for (std::size_t p = 0; p < k; ++p) {
-                    const Reference r = reference(n, [&](std::size_t j) { return P[(s * m + i) * n + j]; },
-                                                  [&](std::size_t j) { return b_at(s, p, j); });
+                    const Reference r = reference(
+                        n, [&](std::size_t j) { return P[(s * m + i) * n + j]; },
+                        [&](std::size_t j) { return b_at(s, p, j); });
                     BOOST_TEST(std::fabs(A.grad()[(s * m + i) * k + p] - r.value) <= r.bound);
                 }
-        const std::size_t rows = shared ? batch * m : m;  // a shared B sums over the batch's rows
+        const std::size_t rows = shared ? batch * m : m;        // a shared B sums over the batch's rows
         for (std::size_t s = 0; s < (shared ? 1 : batch); ++s)  // dB = Aᵀ·G
             for (std::size_t p = 0; p < k; ++p)
                 for (std::size_t j = 0; j < n; ++j) {
-                    const Reference r = reference(rows, [&](std::size_t i) { return a[(s * m + i) * k + p]; },
-                                                  [&](std::size_t i) { return P[(s * m + i) * n + j]; });
+                    const Reference r = reference(
+                        rows, [&](std::size_t i) { return a[(s * m + i) * k + p]; },
+                        [&](std::size_t i) { return P[(s * m + i) * n + j]; });
                     BOOST_TEST(std::fabs(B.grad()[(shared ? 0 : s * k * n) + p * n + j] - r.value) <= r.bound);
                 }
     }
@@ -326,9 +335,10 @@ BOOST_AUTO_TEST_CASE(the_audit_predicts_each_leafs_bfloat16_error_within_a_facto
             const LeafAudit& leaf = audit.leaves[l];
             BOOST_TEST_REQUIRE(leaf.predicted.has_value());
             const double measured = leaf.gradient.normwise, predicted = *leaf.predicted;
-            BOOST_TEST_MESSAGE(fmt::format("T = {:2} {:<5} measured {:.2e}, predicted {:.2e} (ratio {:.2f}); "
-                                           "float32 {:.2e}", T, leaf.name, measured, predicted, predicted / measured,
-                                           float32.leaves[l].gradient.normwise));
+            BOOST_TEST_MESSAGE(fmt::format(
+                "T = {:2} {:<5} measured {:.2e}, predicted {:.2e} (ratio {:.2f}); "
+                "float32 {:.2e}",
+                T, leaf.name, measured, predicted, predicted / measured, float32.leaves[l].gradient.normwise));
             BOOST_TEST(predicted >= measured / 3, leaf.name);
             BOOST_TEST(predicted <= measured * 3, leaf.name);
             // The run was bfloat16: its error stands 30 times above float32's on the same graph.
