@@ -18,8 +18,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <random>
 #include <span>
 #include <string>
