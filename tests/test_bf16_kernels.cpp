@@ -15,6 +15,7 @@
 // bitwise and the bound checks.
 #define BOOST_TEST_MODULE bf16_kernels
 #include "support.hpp"
+#include "tally.hpp"
 
 #include "autodiff/low_precision.hpp"
 
@@ -83,22 +84,7 @@ bool same(float x, float y) {
 
 std::string bits(float x) { return fmt::format("{:a} ({:08x})", x, std::bit_cast<std::uint32_t>(x)); }
 
-// Comparisons made and the first few failures, so a fault control can count them without failing.
-struct Tally {
-    std::size_t comparisons = 0, failures = 0;
-    std::vector<std::string> first;
-    void expect(bool ok, const std::string& what) {
-        ++comparisons;
-        if (ok) return;
-        ++failures;
-        if (first.size() < 5) first.push_back(what);
-    }
-    std::string summary() const {
-        std::string text = fmt::format("{} of {} comparisons failed", failures, comparisons);
-        for (const std::string& f : first) text += "\n  " + f;
-        return text;
-    }
-};
+using testing::Tally;
 
 // ---- Inputs ---------------------------------------------------------------------------------------
 

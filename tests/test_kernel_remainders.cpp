@@ -8,6 +8,7 @@
 // holds the same kernels at one length each, with the attention they make up.
 #define BOOST_TEST_MODULE kernel_remainders
 #include "support.hpp"
+#include "tally.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -26,22 +27,7 @@ std::vector<std::size_t> row_lengths() {
     return lengths;
 }
 
-// Comparisons made and the first few failures, so a fault control can count them without failing.
-struct Tally {
-    std::size_t comparisons = 0, failures = 0;
-    std::vector<std::string> first;
-    void expect(bool ok, const std::string& what) {
-        ++comparisons;
-        if (ok) return;
-        ++failures;
-        if (first.size() < 5) first.push_back(what);
-    }
-    std::string summary() const {
-        std::string text = fmt::format("{} of {} comparisons failed", failures, comparisons);
-        for (const std::string& f : first) text += "\n  " + f;
-        return text;
-    }
-};
+using testing::Tally;
 
 using Long = long double;
 
