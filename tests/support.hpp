@@ -29,6 +29,10 @@ std::ostream& operator<<(std::ostream& out, const Tensor<T>& tensor) {
 
 namespace tapegrad::testing {
 
+/// Every work split is tested at 1 to this many threads, odd counts too: a 16-core machine's default
+/// is 16, where a split can have fewer blocks than workers (the tests' shapes make sure it does).
+inline constexpr unsigned most_threads_tested = 16;
+
 // The message of the `Exception` that f() throws, or a text saying none was thrown (which no
 // test's expected words match).
 template <class Exception, class F>

@@ -339,7 +339,7 @@ void visits_each_index_once(std::size_t count, std::size_t grain, unsigned threa
 BOOST_AUTO_TEST_CASE(parallel_chunks_visits_every_index_once_at_odd_and_prime_counts) {
     constexpr std::array<std::size_t, 11> counts{1, 2, 3, 5, 7, 31, 97, 1009, 4099, 65537, 262147};
     constexpr std::array<std::size_t, 7> grains{0, 1, 2, 3, 7, 1000, elementwise_grain};
-    for (unsigned threads = 2; threads <= 4; ++threads) {
+    for (unsigned threads = 2; threads <= testing::most_threads_tested; ++threads) {
         const ThreadsSetting setting(threads);
         for (const std::size_t count : counts)
             for (const std::size_t grain : grains) {
@@ -380,14 +380,14 @@ std::string differing(const Tensor<T>& a, const Tensor<T>& b) {
     return fmt::format("{} of {} differ, the first at {}", count, a.size(), index_string(a.shape(), first));
 }
 
-// `Op` on inputs `in` with upstream gradient G at 1 to 4 threads: values and gradients one
+// `Op` on inputs `in` with upstream gradient G at 1 to 16 threads: values and gradients one
 // thread's bit for bit, and the last row of each result true to the op's formula
 // (`last_row_off(out, din)` counts the values and gradients there that miss it).
 template <class Op, class T, class Settings, class LastRowOff>
 void matches_one_thread_and_formula(const std::string& what, const Settings& s, const std::vector<const Tensor<T>*>& in,
                                     const Tensor<T>& G, const LastRowOff& last_row_off) {
     const auto one = forward_and_vjp<Op>(1, s, in, G);
-    for (unsigned threads = 1; threads <= 4; ++threads) {
+    for (unsigned threads = 1; threads <= testing::most_threads_tested; ++threads) {
         const auto result = threads == 1 ? one : forward_and_vjp<Op>(threads, s, in, G);
         BOOST_TEST_CONTEXT(what << ", " << threads << " threads") {
             const std::string values = differing(result.first, one.first);
@@ -528,12 +528,12 @@ void nan_in_the_last_element_is_refused(std::size_t n, unsigned threads) {
 
 }  // namespace
 
-// Sizes prime and past two grains (131 101: two chunks; 196 613: three; 262 147: four), on 1 to 4
-// threads: the chunk holding the last element is scanned to its end.
+// Sizes prime and past two grains (131 101: two chunks; 196 613: three; 262 147: four), on 1 to 16
+// threads (fewer chunks than threads from 3 on): the chunk holding the last element is scanned to its end.
 BOOST_AUTO_TEST_CASE(the_nan_scan_finds_a_nan_in_the_last_element_at_odd_sizes) {
     static_assert(std::size_t{131101} >= 2 * elementwise_grain);
     for (const std::size_t n : {std::size_t{131101}, std::size_t{196613}, std::size_t{262147}})
-        for (unsigned threads = 1; threads <= 4; ++threads) {
+        for (unsigned threads = 1; threads <= testing::most_threads_tested; ++threads) {
             nan_in_the_last_element_is_refused<double>(n, threads);
             nan_in_the_last_element_is_refused<float>(n, threads);
         }
