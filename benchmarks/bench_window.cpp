@@ -6,7 +6,7 @@
 //   backward seeded with a random G = dJ/dO (dQ, dK, dV).
 // Contenders:
 //   tapegrad   fused_attention(Q, repeat_heads(K, g), repeat_heads(V, g),
-//              {.causal = true, .window = w, .alibi_heads = H}) on one reused tape: the key tiles
+//              {.pattern = {.causal = true, .window = w, .alibi_heads = H}}) on one reused tape: the key tiles
 //              outside every row's window are skipped, and no T×T matrix exists;
 //   composed   LibTorch: Q·K_gᵀ/√dh + B, softmax, ·V_g, with B [H, T, T] (ALiBi's bias, −inf outside
 //              the window) built once before the timing;
@@ -89,7 +89,7 @@ public:
         tape.clear();
         const Var<T> Q = tape.leaf(Q_), K = tape.leaf(K_), V = tape.leaf(V_);
         const Var<T> O = fused_attention(Q, repeat_heads(K, H / H_kv), repeat_heads(V, H / H_kv),
-                                         {.causal = true, .window = s_.window, .alibi_heads = H});
+                                         {.pattern = {.causal = true, .window = s_.window, .alibi_heads = H}});
         tape.backward(O, G_);
         if (keep_ != nullptr) *keep_ = {tensor_cast<double>(O.value()), tensor_cast<double>(Q.grad()),
                                         tensor_cast<double>(K.grad()), tensor_cast<double>(V.grad())};

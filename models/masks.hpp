@@ -15,14 +15,16 @@
 ///   * a length of zero is rejected (a sequence with no tokens has nothing to attend to), as is a
 ///     length above the key count.
 ///
-/// A sliding window (Mistral's): causal, and a query sees only the last w positions up to its own.
+/// A sliding window: causal, and a query sees only the last w positions up to its own (w keys).
 /// ALiBi (Press et al.): no positions in the inputs; an additive bias −m_h·(distance) on each head's
 /// scores, with a slope m_h per head (ops/alibi.hpp's alibi_slopes; alibi_bias here).
+/// Causality, the window and ALiBi are one AttentionPattern (ops/attention_pattern.hpp), which the
+/// fused kernel reads as well: causal_mask and alibi_bias are its mask() and bias().
 #pragma once
 
 #include "autodiff/error.hpp"
 #include "autodiff/tensor.hpp"
-#include "ops/alibi.hpp"
+#include "ops/attention_pattern.hpp"
 
 #include <fmt/core.h>
 
@@ -51,33 +53,24 @@ inline void check_block(std::string_view where, std::size_t query_count, std::si
 
 }  // namespace detail
 
-/// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i.
-/// With a sliding window of w keys (Mistral's; `window` 0: none), query i at absolute position
+/// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i (AttentionPattern::mask of a causal pattern).
+/// With a sliding window of w keys (`window` 0: none), query i at absolute position
 /// p = query_offset + i sees only keys p − w < j ≤ p: itself and the w − 1 before it.
 inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0,
                                   std::size_t window = 0) {
     detail::check_block("causal_mask", query_count, key_count, query_offset);
-    Tensor<double> M(Shape{query_count, key_count}, 0.0);
-    for (std::size_t i = 0; i < query_count; ++i) {
-        const std::size_t p = query_offset + i, first = window != 0 && p + 1 > window ? p + 1 - window : 0;
-        for (std::size_t j = first; j <= p; ++j) M(i, j) = 1.0;
-    }
-    return M;
+    return AttentionPattern{.causal = true, .query_offset = query_offset, .window = window}.mask(query_count,
+                                                                                               key_count);
 }
 
 /// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·|p − j|, p = query_offset + i: 0 for the query's own
 /// position, the more negative the farther the key (causal attention sees only j ≤ p, where this is
 /// the paper's −m_h·(p − j); without the causal mask, later keys are penalised alike).
+/// AttentionPattern::bias of a pattern with ALiBi over `heads` heads.
 inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std::size_t key_count,
                                  std::size_t query_offset = 0) {
-    const std::vector<double> m = alibi_slopes(heads);
-    Tensor<double> bias(Shape{heads, query_count, key_count});
-    for (std::size_t h = 0; h < heads; ++h)
-        for (std::size_t i = 0; i < query_count; ++i)
-            for (std::size_t j = 0; j < key_count; ++j) {
-                bias[(h * query_count + i) * key_count + j] = alibi_entry(m[h], query_offset + i, j);
-            }
-    return bias;
+    if (heads == 0) throw shape_error("alibi_bias: heads must be at least 1");
+    return AttentionPattern{.query_offset = query_offset, .alibi_heads = heads}.bias(query_count, key_count);
 }
 
 /// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same

@@ -66,10 +66,16 @@ struct MultiHeadOptions {
     /// Rotary positions on Q (its rows at query_offset..) and K (the memory's rows at 0..); the
     /// settings' own first_position is not read.
     std::optional<RopeSettings> rope{};
-    std::size_t window = 0;  ///< causal sliding window of this many keys (Mistral's; 0: none)
+    std::size_t window = 0;  ///< causal sliding window of this many keys (w keys up to the query's own; 0: none)
     bool alibi = false;      ///< ALiBi's per-head linear bias on the scores (models/masks.hpp)
 
     std::size_t key_value_heads() const { return kv_heads == 0 ? heads : kv_heads; }
+    /// Which keys each query sees and the bias on its scores: the one translation of the options
+    /// that both kernels read (the composed path's mask and bias tensors, the fused op's settings).
+    /// Padding (lengths) is the composed kernel's alone and is not part of it.
+    AttentionPattern pattern() const {
+        return {.causal = causal, .query_offset = query_offset, .window = window, .alibi_heads = alibi ? heads : 0};
+    }
 };
 
 /// The keys (rotated, when the attention uses rope) and values of the positions so far, per
@@ -183,22 +189,17 @@ Var<T> after_cached(const Var<T>& own, Tensor<T>& cached) {
 template <Scalar T>
 void attend_per_head(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const MultiHeadOptions& options,
                      MultiHeadResult<T>& result) {
-    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
+    const AttentionPattern pattern = options.pattern();
     if (options.kernel == AttentionKernel::fused) {
-        result.O = fused_attention(Q, K, V,
-                                   {.causal = options.causal,
-                                    .query_offset = options.causal ? options.query_offset : 0,
-                                    .window = options.window,
-                                    .alibi_heads = options.alibi ? options.heads : 0});
+        result.O = fused_attention(Q, K, V, {.pattern = pattern});
         return;
     }
-    const Tensor<double> M = !options.lengths.empty()
-                                 ? padding_mask(options.lengths, Tq, Tk, options.query_offset, options.causal,
-                                                options.heads)
-                                 : (options.causal ? causal_mask(Tq, Tk, options.query_offset, options.window)
-                                                   : Tensor<double>(Shape{Tq, Tk}, 1.0));
-    const std::optional<Tensor<double>> bias =
-        options.alibi ? std::optional(alibi_bias(options.heads, Tq, Tk, options.query_offset)) : std::nullopt;
+    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
+    pattern.check("multihead_attention", Tq, Tk);
+    const Tensor<double> M = options.lengths.empty() ? pattern.mask(Tq, Tk)
+                                                     : padding_mask(options.lengths, Tq, Tk, options.query_offset,
+                                                                    options.causal, options.heads);
+    const std::optional<Tensor<double>> bias = pattern.has_bias() ? std::optional(pattern.bias(Tq, Tk)) : std::nullopt;
     const AttentionResult<T> heads = masked_attention(Q, K, V, M, options.dropout, bias ? &*bias : nullptr);
     result.A = heads.A;
     result.O = heads.O;

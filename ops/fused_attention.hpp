@@ -5,17 +5,19 @@
 /// and is held to the same values, gradients and tests; only its memory and time differ.
 ///   Q [..., Tq, d], K [..., Tk, d], V [..., Tk, r] -> O [..., Tq, r]   (rank 2, 3 or 4, same
 ///   leading dimensions: batch × heads), c = 1/√d applied inside.
+///   settings.pattern (ops/attention_pattern.hpp, the description the composed path reads too):
 ///   causal: query i sees key j only when j <= query_offset + i (query_offset = keys already
 ///   cached before the first query). Row i always sees key 0 (with a window, its own position), so
 ///   no row is ever fully hidden and every output row is a proper weighted mean of V's rows (no
 ///   NaN, no all-zero convention needed).
-///   window w (causal only; Mistral's sliding window): query i, at absolute position
-///   p = query_offset + i, sees keys p − w < j <= p; the block must lie within the keys
-///   (query_offset + Tq <= Tk), so each row still sees its own position. Key tiles outside every
-///   row's window are skipped, so time is O(Tq·w·d) rather than O(Tq·Tk·d).
+///   window w (causal only): query i, at absolute position p = query_offset + i, sees keys
+///   p − w < j <= p; the block must lie within the keys (query_offset + Tq <= Tk), so each row
+///   still sees its own position. Key tiles outside every row's window are skipped, so time is
+///   O(Tq·w·d) rather than O(Tq·Tk·d).
 ///   alibi_heads H (ALiBi, ops/alibi.hpp): S_ij gains the constant −m_h·|p − j| of the query's head
-///   h (the dimension before [Tq, d] must be H). A constant added to S leaves every formula below
-///   as it is: dS is the same expression, and no gradient flows into the bias.
+///   h (the dimension before [Tq, d] must be H), at the query's absolute position, causal or not.
+///   A constant added to S leaves every formula below as it is: dS is the same expression, and no
+///   gradient flows into the bias.
 ///
 /// Forward, per query tile Q_i (rows) and key tiles K_j, V_j in order (an online softmax):
 ///   S = c·Q_i·K_jᵀ (hidden positions skipped), m' = max(m, rowmax S), α = exp(m − m'),
@@ -51,7 +53,7 @@
 #include "autodiff/dual_kernels.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
-#include "ops/alibi.hpp"
+#include "ops/attention_pattern.hpp"
 #include "ops/checks.hpp"
 #include "ops/fast/fused_attention_rows.hpp"
 
@@ -80,15 +82,12 @@ struct FusedAttention {
     using hooks_of = FusedAttention;  ///< the one-pass vjp_all below
 
     struct Settings {
-        bool causal = false;
-        std::size_t query_offset = 0;
-        std::size_t window = 0;       ///< causal sliding window of this many keys (0: none)
-        std::size_t alibi_heads = 0;  ///< ALiBi's bias over this many heads (0: none)
+        AttentionPattern pattern{};  ///< which keys each row sees, and the bias (ops/attention_pattern.hpp)
         FusedAttentionTiles tiles{};
     };
+    /// The pattern's fields at the top level (a saved tape's "causal", "query_offset", ...), then the tiles.
     static constexpr auto fields(auto& s) {
-        return std::tuple{field("causal", s.causal), field("query_offset", s.query_offset), field("window", s.window),
-                          field("alibi_heads", s.alibi_heads), field("tiles", s.tiles)};
+        return std::tuple_cat(AttentionPattern::fields(s.pattern), std::tuple{field("tiles", s.tiles)});
     }
     template <Scalar T>
     static Var<T> record(const Settings& s, std::span<const Var<T>> in) {
@@ -115,8 +114,7 @@ namespace fused_detail {
 template <Scalar T>
 struct Dims {
     std::size_t batch, Tq, Tk, d, r;
-    bool causal;
-    std::size_t offset, window;
+    AttentionPattern pattern;    ///< which keys each row sees, and the bias
     std::size_t tile_q, tile_k;
     T c;                         ///< 1/√d, in T's own precision
     std::vector<double> slopes;  ///< ALiBi's m_h per head (empty: no bias)
@@ -127,22 +125,18 @@ struct Dims {
           Tk(in[1]->rows()),
           d(in[0]->cols()),
           r(in[2]->cols()),
-          causal(settings.causal),
-          offset(settings.query_offset),
-          window(settings.window),
+          pattern(settings.pattern),
           tile_q(settings.tiles.query),
           tile_k(settings.tiles.key),
           c(inv_sqrt<T>(in[0]->cols())),
-          slopes(settings.alibi_heads == 0 ? std::vector<double>{} : alibi_slopes(settings.alibi_heads)) {}
+          slopes(settings.pattern.slopes()) {}
 
     std::size_t query_tiles() const { return (Tq + tile_q - 1) / tile_q; }
     std::size_t key_tiles() const { return (Tk + tile_k - 1) / tile_k; }
-    /// Keys query row i sees: [first_visible(i), visible(i)). Both grow with i by at most one, so
-    /// the keys a block of rows sees are one interval, and so are the rows that see a key.
-    std::size_t visible(std::size_t i) const { return causal ? std::min(Tk, offset + i + 1) : Tk; }
-    std::size_t first_visible(std::size_t i) const {
-        return window != 0 && offset + i + 1 > window ? offset + i + 1 - window : 0;
-    }
+    /// Keys query row i sees: [first_visible(i), visible(i)), the pattern's (one interval per row,
+    /// both bounds growing with i by at most one).
+    std::size_t visible(std::size_t i) const { return pattern.end_key(i, Tk); }
+    std::size_t first_visible(std::size_t i) const { return pattern.first_key(i); }
     /// The key tiles query rows [i0, i0 + bq) see are [key_tile_begin(i0), key_tile_end(i0, bq)).
     std::size_t key_tile_begin(std::size_t i0) const { return first_visible(i0) / tile_k; }
     std::size_t key_tile_end(std::size_t i0, std::size_t bq) const {
@@ -152,7 +146,7 @@ struct Dims {
     /// offset + i >= j0). The query tiles that see a key tile are the ones from here on while
     /// sees_keys_before holds.
     std::size_t first_query_tile(std::size_t j0) const {
-        const std::size_t first_row = causal && j0 > offset ? j0 - offset : 0;
+        const std::size_t first_row = pattern.causal && j0 > pattern.query_offset ? j0 - pattern.query_offset : 0;
         return first_row / tile_q * tile_q;
     }
     /// Whether query rows from i0 on see any key before j_end (a window hides the early keys from
@@ -160,7 +154,7 @@ struct Dims {
     bool sees_keys_before(std::size_t i0, std::size_t j_end) const { return first_visible(i0) < j_end; }
     /// ALiBi's bias of head b's query row i and key j, in T (only with ALiBi: slopes not empty).
     T bias(std::size_t b, std::size_t i, std::size_t j) const {
-        return T(alibi_entry(slopes[b % slopes.size()], offset + i, j));
+        return T(pattern.bias(slopes[b % slopes.size()], i, j));
     }
     /// Head b's block of a tensor that holds one block per head (Q, K, V, O, dO, their gradients, L).
     template <class Values>
@@ -408,34 +402,27 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
 template <Scalar T>
 OpCost FusedAttention::cost(const Settings& settings, Inputs<T> in) {
     const fused_detail::Dims<T> dims(settings, in);
-    const std::uint64_t keys = dims.window != 0 ? std::min(dims.Tk, dims.window) : dims.Tk;
+    const std::uint64_t keys = dims.pattern.window != 0 ? std::min(dims.Tk, dims.pattern.window) : dims.Tk;
     const std::uint64_t pairs = std::uint64_t(dims.batch) * dims.Tq * keys;
     return {pairs * (dims.d + dims.r), pairs * (3 * dims.d + 2 * dims.r)};
 }
 
 namespace fused_detail {
 
-/// The settings' own checks: positive tiles, an offset in range, a window only with the causal
-/// mask and within the keys, ALiBi's heads the dimension before [Tq, d].
+/// The settings' own checks: positive tiles, the pattern's rules (AttentionPattern::check), ALiBi's
+/// heads the dimension before [Tq, d].
 template <Scalar T>
 void check_settings(const FusedAttention::Settings& s, const Var<T>& Q, const Var<T>& K) {
     if (s.tiles.query == 0 || s.tiles.key == 0) {
         throw value_error(fmt::format("fused_attention: tile sizes must be positive, got {}×{}", s.tiles.query,
                                       s.tiles.key));
     }
-    if (s.query_offset > std::size_t(std::numeric_limits<std::int64_t>::max() / 2)) {
-        throw value_error(fmt::format("fused_attention: query_offset {} is out of range", s.query_offset));
-    }
-    const std::size_t Tq = Q.shape().rows(), Tk = K.shape().rows();
-    if (s.window != 0 && (!s.causal || s.query_offset + Tq > Tk)) {
-        throw usage_error(fmt::format("fused_attention: a sliding window (window {}) needs the causal mask and "
-                                      "queries within the keys (query_offset {} + Tq {} <= Tk {}; causal {})",
-                                      s.window, s.query_offset, Tq, Tk, s.causal));
-    }
+    s.pattern.check(FusedAttention::name, Q.shape().rows(), K.shape().rows());
     const Shape& q = Q.shape();
-    if (s.alibi_heads != 0 && (q.rank() < 3 || q[q.rank() - 3] != s.alibi_heads)) {
-        throw shape_error(fmt::format("fused_attention: ALiBi over {} heads needs Q as [..., {}, Tq, d], got {}",
-                                      s.alibi_heads, s.alibi_heads, q.to_string()));
+    const std::size_t H = s.pattern.alibi_heads;
+    if (H != 0 && (q.rank() < 3 || q[q.rank() - 3] != H)) {
+        throw shape_error(
+            fmt::format("fused_attention: ALiBi over {} heads needs Q as [..., {}, Tq, d], got {}", H, H, q.to_string()));
     }
 }
 
@@ -469,19 +456,19 @@ Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
 /// O = softmax(Q·Kᵀ/√d, causally masked when `causal`)·V as one op (see the top of this file).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset) {
-    return record_fused_attention<FusedAttention>(Q, K, V, {.causal = causal, .query_offset = query_offset});
+    return record_fused_attention<FusedAttention>(Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}});
 }
 
 /// The same, with chosen tile sizes (tests use tiny tiles to cross many tile boundaries).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset,
                        FusedAttentionTiles tiles) {
-    return record_fused_attention<FusedAttention>(Q, K, V,
-                                                  {.causal = causal, .query_offset = query_offset, .tiles = tiles});
+    return record_fused_attention<FusedAttention>(
+        Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}, .tiles = tiles});
 }
 
 /// Every setting at once: a sliding window, ALiBi's bias, e.g.
-/// fused_attention(Q, K, V, {.causal = true, .window = 256, .alibi_heads = 8}).
+/// fused_attention(Q, K, V, {.pattern = {.causal = true, .window = 256, .alibi_heads = 8}}).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const FusedAttention::Settings& settings) {
     return record_fused_attention<FusedAttention>(Q, K, V, settings);

@@ -637,8 +637,10 @@ struct FusedAttentionRule {
     template <class V>
     static V record(const Operands<V>& x) {
         return fused_attention(x[0], x[1], x[2],
-                               {.causal = x.step.flag, .query_offset = x.step.m, .window = x.step.window,
-                                .alibi_heads = x.step.n});
+                               {.pattern = {.causal = x.step.flag,
+                                            .query_offset = x.step.m,
+                                            .window = x.step.window,
+                                            .alibi_heads = x.step.n}});
     }
 };
 

@@ -111,7 +111,7 @@ Var<double> settings_graph(Tape<double>& tape) {
     // (2 is refused: Q has one head), and windows 0 and 2 load.
     const Var<double> one_head = split_heads(b, 1);
     const Var<double> windowed = fused_attention(one_head, one_head, one_head,                  // fused_attention
-                                                 {.causal = true, .window = 1, .alibi_heads = 1});
+                                                 {.pattern = {.causal = true, .window = 1, .alibi_heads = 1}});
     // Each op whose settings decide its shape feeds a sum only, so that a changed setting the op
     // accepts gives a graph that still records (the test below changes each setting).
     const std::vector<Var<double>> terms{
