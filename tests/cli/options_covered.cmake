@@ -1,0 +1,32 @@
+# CTest script: every option PROGRAM --help lists has a row in the option-effect table (TESTED), or
+# is listed in EXEMPT with its reason beside it in tests/cli/CMakeLists.txt; and, for a program
+# with a second mode (MODE_OPTION, e.g. --tape), every option that does not belong to that mode
+# (not in MODE_ALLOWS) has a refused row with it (MODE_REFUSED). A new option without its rows
+# fails here, naming it; so does a row for an option the program no longer has.
+cmake_minimum_required(VERSION 3.20)
+execute_process(COMMAND ${PROGRAM} --help RESULT_VARIABLE result OUTPUT_VARIABLE help ERROR_VARIABLE err)
+if(NOT result STREQUAL "0")
+  message(FATAL_ERROR "${PROGRAM} --help: exit status ${result}\n${err}")
+endif()
+string(REGEX MATCHALL "--[a-z][a-z0-9-]*" listed "${help}")
+list(TRANSFORM listed REPLACE "^--" "")
+list(REMOVE_DUPLICATES listed)
+set(problems "")
+foreach(option IN LISTS listed)
+  if(NOT option IN_LIST TESTED AND NOT option IN_LIST EXEMPT)
+    string(APPEND problems "--${option} has no row in the option-effect table; ")
+  endif()
+  if(DEFINED MODE_OPTION AND NOT option IN_LIST MODE_ALLOWS AND NOT option IN_LIST MODE_REFUSED)
+    string(APPEND problems "--${option} with --${MODE_OPTION}: no refused row; ")
+  endif()
+endforeach()
+foreach(option IN LISTS TESTED EXEMPT MODE_REFUSED)
+  if(NOT option IN_LIST listed)
+    string(APPEND problems "a row names --${option}, which --help does not list; ")
+  endif()
+endforeach()
+if(NOT problems STREQUAL "")
+  message(FATAL_ERROR "${PROGRAM}: ${problems}\n--help:\n${help}")
+endif()
+list(LENGTH listed count)
+message(STATUS "${PROGRAM}: ${count} options, each with its rows")
