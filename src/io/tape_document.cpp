@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <charconv>
+#include <limits>
 #include <optional>
 #include <span>
 
@@ -27,6 +29,62 @@ void Where::fail(std::string_view fault) const {
     throw io_error(fmt::format("load_tape: {}: {}: {}", source_, node_, fault));
 }
 
+namespace {
+
+// What from_chars accepts but the format does not hold: a number without the binary exponent C's
+// %a always writes ("1.5" is read as 0x1.5 = 1.3125, not as the decimal a person meant), and a
+// number T cannot hold exactly (from_chars rounds to nearest: "1.0000000000001p+0" would load into
+// a float tape as 1, silently another value than the file's). `s` is text from_chars has read whole
+// as a T; the fault, or empty. Exactness is read off the text's bits: the significand's highest and
+// lowest set bits, moved by the exponent, must lie within T's precision and range.
+template <class T>
+std::string format_fault(std::string_view s) {
+    std::string_view number = s;
+    if (!number.empty() && number.front() == '-') number.remove_prefix(1);
+    const auto hex_digit = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+    };
+    if (number.empty() || (number.front() != '.' && hex_digit(number.front()) < 0)) return {};  // inf, infinity, nan
+    const std::size_t p = number.find_first_of("pP");
+    if (p == std::string_view::npos) {
+        return "has no binary exponent (C's %a form has one: \"1.8p+1\" for 3, not a decimal)";
+    }
+    const std::string_view significand = number.substr(0, p);
+    const long long point = static_cast<long long>(std::min(significand.find('.'), significand.size()));
+    std::optional<long long> high, low;  // the exponents of the highest and lowest set bits, before the exponent
+    long long digit = 0;                 // the index of a hex digit among the significand's digits
+    for (const char c : significand) {
+        const int v = hex_digit(c);
+        if (v < 0) continue;  // the point
+        if (v != 0) {
+            const long long weight = 4 * (point - 1 - digit);
+            if (!high) high = weight + std::bit_width(unsigned(v)) - 1;
+            low = weight + std::countr_zero(unsigned(v));
+        }
+        ++digit;
+    }
+    if (!high) return {};  // zero
+    // The exponent, capped: beyond ±2^20 every bit is far out of T's range either way.
+    std::string_view e = number.substr(p + 1);
+    const bool negative = !e.empty() && e.front() == '-';
+    if (!e.empty() && (e.front() == '-' || e.front() == '+')) e.remove_prefix(1);
+    long long exponent = 0;
+    for (const char c : e) exponent = std::min(exponent * 10 + (c - '0'), 1LL << 20);
+    if (negative) exponent = -exponent;
+    using limits = std::numeric_limits<T>;
+    const long long top = *high + exponent, bottom = *low + exponent;
+    if (top < limits::max_exponent && top - bottom < limits::digits &&
+        bottom >= limits::min_exponent - limits::digits) {
+        return {};
+    }
+    return fmt::format("is not exact in {} (it would be rounded)", sizeof(T) == 4 ? "float32" : "float64");
+}
+
+}  // namespace
+
 template <class T>
 bool exact_value(const Json& text, T& x, std::string& fault, std::string_view what) {
     if (!text.is_string()) {
@@ -38,6 +96,10 @@ bool exact_value(const Json& text, T& x, std::string& fault, std::string_view wh
     if (error != std::errc{} || end != s.data() + s.size()) {
         fault = fmt::format("{} \"{}\" is not a {} in hexadecimal floating-point text (as \"1.8p+1\" for 3)", what,
                             s.substr(0, 40), sizeof(T) == 4 ? "float32" : "float64");
+        return false;
+    }
+    if (const std::string format = format_fault<T>(s); !format.empty()) {
+        fault = fmt::format("{} \"{}\" {}", what, s.substr(0, 40), format);
         return false;
     }
     return true;

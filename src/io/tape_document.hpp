@@ -66,7 +66,8 @@ struct Tree {
 template <class T>
 Tree<T> read_tree(std::string_view text, const Outline& outline, const Where& where);
 
-/// The text of a value (hexadecimal floating point) as T, or a fault naming `what`.
+/// The text of a value (hexadecimal floating point, with its binary exponent, exact in T: never
+/// rounded) as T, or a fault naming `what`.
 template <class T>
 bool exact_value(const Json& text, T& x, std::string& fault, std::string_view what);
 

@@ -14,6 +14,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -54,6 +55,21 @@ F exact_value(const Json& text, const Where& where, std::string_view what) {
 std::size_t count_of(const Json& value, const Where& where, std::string_view what) {
     if (!value.is_number_unsigned()) where.fail(fmt::format("{} is not a non-negative integer", what));
     return value.get<std::size_t>();
+}
+
+// An integer setting is a size, count, index or position within a tensor (an axis, heads, a tile, a
+// class, a first position): none exceeds the most elements a tensor holds (2^40), and a larger one,
+// as 18446744073709551615, would only wrap an op's arithmetic (rope's first_position + t) or be
+// cut to fit a field (an axis held as an int), so the op would see another value than the file's.
+std::size_t setting_count(const Json& value, const Where& where, std::string_view what) {
+    const std::size_t n = count_of(value, where, what);
+    if (n > max_elements) {
+        where.fail(
+            fmt::format("{} is {}, above {} (2^40, the most elements a tensor holds: no size, index or position "
+                        "in a tape is larger)",
+                        what, n, max_elements));
+    }
+    return n;
 }
 
 const Json& member(const Json& object, std::string_view key, const Where& where) {
@@ -116,13 +132,27 @@ SettingsValue setting_from(const Json& j, const SettingsValue& schema, const Whe
         const Where& where;
         const std::string& name;
 
-        SettingsValue operator()(std::size_t) const { return count_of(j, where, name); }
+        SettingsValue operator()(std::size_t) const {
+            return setting_count(j, where, fmt::format("setting \"{}\"", name));
+        }
         SettingsValue operator()(bool) const {
             if (!j.is_boolean()) where.fail(fmt::format("setting \"{}\" is not true or false", name));
             return j.get<bool>();
         }
-        SettingsValue operator()(float) const { return exact_value<float>(j, where, name); }
-        SettingsValue operator()(double) const { return exact_value<double>(j, where, name); }
+        SettingsValue operator()(float) const { return real(exact_value<float>(j, where, name)); }
+        SettingsValue operator()(double) const { return real(exact_value<double>(j, where, name)); }
+        // No op takes a NaN setting (each refuses one): named here as the file's fault, as a NaN value is.
+        SettingsValue real(float x) const {
+            not_nan(x);
+            return x;
+        }
+        SettingsValue real(double x) const {
+            not_nan(x);
+            return x;
+        }
+        void not_nan(double x) const {
+            if (std::isnan(x)) where.fail(fmt::format("setting \"{}\" is NaN", name));
+        }
         SettingsValue operator()(const SettingsChoice& choice) const {
             for (std::size_t k = 0; k < choice.names.size(); ++k) {
                 if (j == choice.names[k]) return SettingsChoice{k, choice.names};
@@ -136,7 +166,9 @@ SettingsValue setting_from(const Json& j, const SettingsValue& schema, const Whe
         SettingsValue operator()(const std::vector<std::size_t>&) const {
             if (!j.is_array()) where.fail(fmt::format("setting \"{}\" is not an array", name));
             std::vector<std::size_t> counts;
-            for (std::size_t k = 0; k < j.size(); ++k) counts.push_back(count_of(j[k], where, fmt::format("{}[{}]", name, k)));
+            for (std::size_t k = 0; k < j.size(); ++k) {
+                counts.push_back(setting_count(j[k], where, fmt::format("setting \"{}\"[{}]", name, k)));
+            }
             return counts;
         }
         SettingsValue operator()(const std::vector<SettingsEntry>& fields) const {
@@ -342,8 +374,8 @@ ValidNode<T> valid_op(const Json& j, std::size_t index, const Where& where) {
                                           : fmt::format("\"inputs\" is not an array of {} to {} node indices",
                                                         arity.min, arity.max));
     }
-    for (const Json& input : inputs) {
-        const std::size_t k = count_of(input, where, "an input");
+    for (std::size_t slot = 0; slot < inputs.size(); ++slot) {
+        const std::size_t k = count_of(inputs[slot], where, fmt::format("\"inputs\"[{}]", slot));
         if (k >= index) where.fail(fmt::format("input {} is not an earlier node", k));
         node.inputs.push_back(std::uint32_t(k));
     }
