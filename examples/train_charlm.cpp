@@ -354,7 +354,8 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                model_sizes(trainer.network()), m.batch,
                m.micro_batches > 1 ? fmt::format(" in {} micro-batches", m.micro_batches) : std::string(),
                parameter_values(trainer.network()), other_family(m, corpus.alphabet.size()),
-               attention_kernel_name(m.kernel), trainer.dtype(), trainer.steps_done() + 1, last, m.steps, r.threads);
+               attention_kernel_name(m.kernel), trainer.dtype(), trainer.steps_done() + 1, last, m.steps,
+               thread_count());  // the library's setting, as --threads left it
     if (m.products == ProductPrecision::bfloat16 && cpu_level() != CpuLevel::avx512_bf16) {
         fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are emulated exactly "
                    "(the same results), 6 to 8 times slower than float32 steps (docs/performance.md)\n",

@@ -1,11 +1,13 @@
 # One row of the option-effect table (tests/cli/CMakeLists.txt), run by CTest as `cmake -P`: an
 # option must change what it says it changes. Runs PROGRAM with ARGUMENTS and again with BASELINE
 # (the same run without the option; both lists, @WORK@ standing for an empty scratch folder), each
-# must exit 0, and the text each run shows (stdout, stderr and every file it wrote, times removed)
-# must tell them apart:
+# must exit 0, and the text each run shows (stdout, stderr and every file it wrote: a text file's
+# name and content, a binary file's name and SHA-256; times removed) must tell them apart:
 #   EXPECT  (a regular expression) matches the option's run and not the baseline;
 #   ABSENT  matches the baseline and not the option's run (an option that removes output);
-#   EXPECT DIFFERS: the two texts differ (an option whose effect has no fixed text, a seed).
+#   EXPECT DIFFERS: the two texts differ (an option whose effect has no fixed text, a seed);
+#   EXPECT FILES_DIFFER: the files the two runs wrote differ (a setting whose effect is on the
+#   trained parameters, where the printed text echoes nothing of it).
 cmake_minimum_required(VERSION 3.20)
 
 # The text a run shows; times ("0.01 s", "seconds": 0.0027) removed, so DIFFERS sees effects only.
@@ -18,13 +20,21 @@ function(run_and_read arguments out_var)
   if(NOT result STREQUAL "0")
     message(FATAL_ERROR "${PROGRAM} ${arguments}: exit status ${result}\nstdout:\n${out}\nstderr:\n${err}")
   endif()
-  set(text "${out}\n${err}")
+  set(files "")
   file(GLOB_RECURSE written ${WORK}/*)
   list(SORT written)
   foreach(path IN LISTS written)
-    file(READ ${path} content)
-    string(APPEND text "\n${content}")
+    file(RELATIVE_PATH name ${WORK} ${path})
+    if(path MATCHES "\\.(json|txt|dot)$")
+      file(READ ${path} content)
+      string(APPEND files "\n${name}:\n${content}")
+    else()  # a binary file (a checkpoint's .npy, a PNG): its name and its bytes' hash
+      file(SHA256 ${path} hash)
+      string(APPEND files "\n${name}: sha256 ${hash}")
+    endif()
   endforeach()
+  set(${out_var}_files "${files}" PARENT_SCOPE)
+  set(text "${out}\n${err}${files}")
   string(REGEX REPLACE "[0-9]+\\.?[0-9]* (s|ms)( |,|\n|$)" "" text "${text}")
   string(REGEX REPLACE "\"seconds\": *[-+.0-9eE]+" "" text "${text}")
   set(${out_var} "${text}" PARENT_SCOPE)
@@ -36,6 +46,10 @@ if(DEFINED ABSENT)
   if(with MATCHES "${ABSENT}" OR NOT without MATCHES "${ABSENT}")
     message(FATAL_ERROR "'${ABSENT}' must be absent from the run with ${ARGUMENTS} and present without "
                         "(${BASELINE})\nwith:\n${with}\nwithout:\n${without}")
+  endif()
+elseif(EXPECT STREQUAL "FILES_DIFFER")
+  if(with_files STREQUAL without_files)
+    message(FATAL_ERROR "${ARGUMENTS} wrote the same files as ${BASELINE}:\n${with_files}")
   endif()
 elseif(EXPECT STREQUAL "DIFFERS")
   if(with STREQUAL without)
