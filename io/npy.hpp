@@ -22,10 +22,12 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -140,6 +142,30 @@ Word little_endian_word(const char* bytes) {
     Word word = 0;
     for (std::size_t b = 0; b < sizeof(Word); ++b) word |= Word(static_cast<unsigned char>(bytes[b])) << (8 * b);
     return word;
+}
+
+/// x rounded to float once, to nearest even, as if directly (a double or float already is one
+/// rounding away). A wider T goes through its nearest double d first, and float(d) is x's nearest
+/// float except where d lands exactly on the midpoint between two floats (a double) while x does
+/// not: x < m implies d <= m and x > m implies d >= m, so that tie is the only double rounding that
+/// can err (1 + 2^-24 + 2^-60 would become 1, not 1 + 2^-23); there the side of m that x lies on
+/// decides.
+template <Scalar T>
+float rounded_to_float(const T& x) {
+    const double d = to_double(x);
+    const float f = static_cast<float>(d);
+    if constexpr (!std::is_same_v<T, double> && !std::is_same_v<T, float>) {
+        if (std::isfinite(f) && double(f) != d) {
+            const float other = std::nextafter(f, double(f) < d ? std::numeric_limits<float>::infinity()
+                                                                : -std::numeric_limits<float>::infinity());
+            const double midpoint = (double(f) + double(other)) / 2;  // exact: floats' midpoints are doubles
+            if (d == midpoint && x != T(d)) {
+                const bool above = T(d) < x;
+                return (double(other) > double(f)) == above ? other : f;
+            }
+        }
+    }
+    return f;
 }
 
 }  // namespace npy_detail
@@ -260,7 +286,8 @@ Tensor<T> load_npy(const std::filesystem::path& path) {
 }
 
 /// The .npy image of `tensor` (version 1.0, C order, little-endian). Multiprecision values are
-/// rounded to the dtype; `dtype` float32 rounds doubles too.
+/// rounded to the dtype once, to nearest even (not to double and then to float); `dtype` float32
+/// rounds doubles too.
 template <Scalar T>
 std::string npy_bytes(const Tensor<T>& tensor, NpyDtype dtype = NpyDtype::float64) {
     std::string shape = "(";
@@ -286,7 +313,7 @@ std::string npy_bytes(const Tensor<T>& tensor, NpyDtype dtype = NpyDtype::float6
         if (dtype == NpyDtype::float64) {
             word = std::bit_cast<std::uint64_t>(to_double(x));
         } else {
-            word = std::bit_cast<std::uint32_t>(static_cast<float>(to_double(x)));
+            word = std::bit_cast<std::uint32_t>(npy_detail::rounded_to_float(x));
         }
         for (std::size_t b = 0; b < item; ++b) bytes += static_cast<char>((word >> (8 * b)) & 0xff);
     }

@@ -98,6 +98,40 @@ BOOST_AUTO_TEST_CASE(multiprecision_tensors_are_saved_rounded_to_double) {
     BOOST_TEST(parse_npy<mp50>(npy_bytes(back))[0] == mp50(1.0 / 3.0));
 }
 
+// A 50-digit value written as float32 is rounded once, as if directly: values just off a float
+// midpoint by less than half a double's ulp round to a double ON the midpoint, where a second
+// rounding (double to float, ties to even) would go the wrong way half the time. Each row: a float
+// midpoint m (1 + 2^-24 between 1 and 1 + 2^-23, both signs, a subnormal's, a large one's) moved by
+// ±2^-64 of its ulp; the expected float is computed here from the bits, not by the library: the
+// neighbour on x's side. Exact midpoints keep ties to even, and values that are not near a midpoint
+// are unaffected.
+BOOST_AUTO_TEST_CASE(multiprecision_values_are_rounded_to_float32_once) {
+    struct Row {
+        float low, high;  // adjacent floats, low < high
+    };
+    const float tiny = std::numeric_limits<float>::denorm_min();
+    const std::vector<Row> rows{{1.0f, std::nextafter(1.0f, 2.0f)},
+                                {std::nextafter(-1.0f, -2.0f), -1.0f},
+                                {3 * tiny, 4 * tiny},
+                                {std::nextafter(3e38f, 0.0f), 3e38f},
+                                {0.1f, std::nextafter(0.1f, 1.0f)}};
+    for (const Row& row : rows) {
+        const mp50 m = (mp50(row.low) + mp50(row.high)) / 2, ulp = mp50(row.high) - mp50(row.low);
+        const mp50 off = ulp / mp50(std::pow(2.0, 64));  // below half a double's ulp at m, 2^-54 of m
+        const mp50 above = m + off, below = m - off;
+        const Tensor<mp50> x = Tensor<mp50>::matrix({{above, below, m}});
+        const Tensor<float> back = parse_npy<float>(npy_bytes(x, NpyDtype::float32));
+        BOOST_TEST_CONTEXT("between " << row.low << " and " << row.high) {
+            BOOST_REQUIRE(to_double(above) == to_double(m));  // the case: both land on the midpoint as doubles
+            BOOST_TEST(std::bit_cast<std::uint32_t>(back[0]) == std::bit_cast<std::uint32_t>(row.high));
+            BOOST_TEST(std::bit_cast<std::uint32_t>(back[1]) == std::bit_cast<std::uint32_t>(row.low));
+            // The midpoint itself: ties to even (the float whose last significand bit is 0).
+            const float even = (std::bit_cast<std::uint32_t>(row.low) & 1u) == 0 ? row.low : row.high;
+            BOOST_TEST(std::bit_cast<std::uint32_t>(back[2]) == std::bit_cast<std::uint32_t>(even));
+        }
+    }
+}
+
 BOOST_AUTO_TEST_CASE(accepts_what_numpy_may_write) {
     // Double quotes, keys in another order, no trailing comma, version 2.0 header length.
     const Tensor<double> t = parse_npy(image("{\"shape\": (2,), \"fortran_order\": False, \"descr\": \"<f8\"}", doubles(2)));
