@@ -9,16 +9,26 @@
 /// mapping each tensor's name to {"dtype", "shape", "data_offsets": [begin, end]} (and an optional
 /// "__metadata__" object of strings); then the data, each tensor's bytes at [begin, end) of it,
 /// row-major, little-endian. Read: F64, F32, BF16 and F16, each converted exactly to double.
-/// Written: any of the four, per tensor, rounded to nearest with ties to even from the double
-/// (autodiff/low_precision.hpp for BF16 and F16: once, subnormals kept, ±inf past the largest,
-/// NaN as the format's quiet NaN).
+/// Written: any of the four, per tensor, rounded to nearest with ties to even from the double,
+/// once (autodiff/low_precision.hpp for BF16 and F16: subnormals kept, ±inf past the largest);
+/// NaN kept bit for bit in F64, and stored as the format's quiet NaN with its sign in the others
+/// (0x7fc00000, 0x7fc0, 0x7e00: the payload dropped).
 ///
-/// Every malformed file raises io_error naming the file and the fault: shorter than 8 bytes, a
-/// header longer than the file, a header that is not a JSON object, an unknown dtype, a shape that
-/// is not a list of counts (or has more than 4 axes), data_offsets out of the data or not
-/// [begin, end] with begin ≤ end, a byte count that does not match the shape and dtype, two
-/// tensors overlapping, bytes of the data that no tensor covers, a duplicate name. Nothing is read
-/// outside the bytes given and nothing is allocated before its size has been checked against them.
+/// The header is held to the format (the safetensors README; the reference reader is the Rust
+/// crate): it begins with '{', holds no NUL byte, and after its JSON object only spaces (0x20) may
+/// pad it; no key appears twice in any object (a tensor's name, a field of its entry, a key of
+/// __metadata__). Keys of an entry other than the three are ignored, as the reference reader
+/// ignores them. Every malformed file raises io_error naming the file and the fault: shorter than 8
+/// bytes, a header longer than the file, a header that is not a JSON object or not padded with
+/// spaces, a NUL (with its offset), a key given twice, an entry that is not an object or lacks
+/// one of its three fields, an unknown dtype, a shape that is not a list of at most 4 counts, each
+/// dimension and offset that is not a count (negative, written with a fraction or an exponent,
+/// past 2^64 − 1, or not a number: each its own words, with the tensor, the field, the index and
+/// the JSON text), data_offsets out of the data or not [begin, end] with begin ≤ end, a byte count
+/// that does not match the shape and dtype, two tensors overlapping, bytes of the data that no
+/// tensor covers, a duplicate name. Messages are printable UTF-8 whatever the file holds: bytes
+/// that are not UTF-8, and control characters, are written `\xNN`. Nothing is read outside the
+/// bytes given and nothing is allocated before its size has been checked against them.
 /// parse_safetensors works on bytes in memory, which is what the fuzzer drives. A failed save
 /// leaves no file (written under a temporary name, renamed into place).
 #pragma once
