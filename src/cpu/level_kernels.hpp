@@ -262,8 +262,12 @@ void gelu_tanh_vjp(const T* a, const T* g, std::size_t n, T* da) {
         Block::load(g + start, count, block.g);
         const typename Block::ConstMap A(block.a.data()), G(block.g.data());
         const typename Block::Values s = block.gate();
+        // Where s is exactly 0 or 1 the term is 0·(…), but for |a| past about 5e19 (float) or 4e154
+        // (double) its factors a·2 and 1 + 3k·a² overflow and ∞·0 made a finite input's slope NaN:
+        // there the slope is s. ±inf keeps the formula's ∞·0 = NaN, as ops/gelu.hpp's loop gives.
         const typename Block::Values slope =
-            s + A * T(2) * s * (T(1) - s) * Block::c * (T(1) + T(3) * Block::k * A * A);
+            ((s == T(0) || s == T(1)) && A.isFinite())
+                .select(s, s + A * T(2) * s * (T(1) - s) * Block::c * (T(1) + T(3) * Block::k * A * A));
         const typename Block::Values dA = G * slope;
         std::copy_n(dA.data(), count, da + start);
     }
