@@ -221,6 +221,10 @@ struct Run {
     // Where an op's refusal is noted (none: not noted), and the run's name in the note.
     EventLog* log = nullptr;
     std::string name{};
+    // Every node low (the audit's low run, the estimate's runs): a sum of gradients is then kept in
+    // the storage format. A run with one node low sums exact contributions, and keeps them exact
+    // also where W is S (a double tape's contributor runs in 16 bits).
+    bool all_low = false;
 
     std::vector<Tensor<W>> values, adjoints, saved_exact;
     std::vector<Tensor<S>> saved_low;
@@ -364,7 +368,7 @@ private:
         }
         // The low run keeps every gradient in the storage format, as it keeps values.
         if constexpr (std::is_same_v<W, S>) {
-            if (low(target) && has_sum) {
+            if (all_low && has_sum) {
                 store(adjoints[target], storage);
                 if (perturb) perturb(adjoints[target]);
             }
@@ -582,6 +586,7 @@ PrecisionAudit audit(const Tape<S>& tape, const Var<S>& J, const AuditOptions& o
     Run<S, S> low(tape, tape, identity, J.index(), options.storage, [](std::uint32_t) { return true; });
     low.log = &log;
     low.name = fmt::format("the {} run", precision.name);
+    low.all_low = true;
     low.forward();
     low.backward(true);
 
@@ -704,6 +709,7 @@ PrecisionEstimate estimate(const Tape<S>& tape, const Var<S>& J, const EstimateO
     std::vector<std::vector<Tensor<double>>> samples(leaves.size());  // by leaf, by run
     for (std::size_t r = 0; r < options.runs; ++r) {
         Run<S, S> run(tape, tape, identity, J.index(), Storage::recorded, [](std::uint32_t) { return true; });
+        run.all_low = true;
         std::seed_seq seeds{options.seed, static_cast<std::uint64_t>(r)};
         auto rounding = std::make_shared<RandomRounding<S>>(RandomRounding<S>{std::mt19937_64(seeds)});
         run.perturb = [rounding](Tensor<S>& x) { (*rounding)(x); };

@@ -32,6 +32,11 @@ std::string digits(const AuditError& e) { return e.measured ? fmt::format("{:.1f
 
 std::string in_u(const AuditError& e) { return e.measured ? number(e.in_u, "{:.2g}") : std::string("-"); }
 
+// One figure of an error, "-" where nothing was measured (as the JSON's null: not a measured 0).
+std::string figure(const AuditError& e, double x, std::string_view format = "{:.2g}") {
+    return e.measured ? number(x, format) : std::string("-");
+}
+
 Json json_of(const AuditError& e) {
     if (!e.measured) return nullptr;
     return {{"normwise", e.normwise}, {"worst_element", e.worst_element}, {"worst_at", e.worst_at},
@@ -67,9 +72,13 @@ Json json_of(const LeafAudit& leaf) {
             {"branches", std::move(branches)}};
 }
 
-// "node 5 (mul), 100% alone" for a leaf's table line.
-std::string top_contributor(const LeafAudit& leaf) {
-    if (leaf.top_contributor_op.empty()) return "none (no node loses a digit)";
+// "node 5 (mul), 100% alone" for a leaf's table line; for none, why: no gradient reaches the leaf,
+// no node loses anything locally (no candidate), or no contributor run was asked for.
+std::string top_contributor(const LeafAudit& leaf, bool any_node_loses) {
+    if (leaf.top_contributor_op.empty()) {
+        if (!leaf.gradient.measured) return "none (no gradient reaches it)";
+        return any_node_loses ? "none (no contributor runs)" : "none (no node loses a digit)";
+    }
     if (!std::isfinite(leaf.top_contributor_share)) {
         return fmt::format("node {} ({}), alone it makes the gradient inf or NaN", leaf.top_contributor,
                            leaf.top_contributor_op);
@@ -106,12 +115,15 @@ std::string PrecisionAudit::table(std::size_t rows) const {
     }
     text += "leaf gradients: normwise error (predicted: estimate_precision's spread), worst element (relative), "
             "ULPs, digits lost; the node contributing most\n";
+    const bool any_node_loses =
+        std::any_of(nodes.begin(), nodes.end(), [](const NodeAudit& n) { return n.local_in_u > 0; });
     for (const LeafAudit& leaf : leaves) {
+        const AuditError& g = leaf.gradient;
         text += fmt::format("  {:<18} {:>9} {:<21} {:>9} at {:<12} {:>9} ULP {:>5} digits   top: {}\n", leaf.name,
-                            number(leaf.gradient.normwise),
+                            figure(g, g.normwise),
                             leaf.predicted ? fmt::format("(predicted {})", number(*leaf.predicted)) : std::string(),
-                            number(leaf.gradient.worst_element), leaf.gradient.worst_at,
-                            number(leaf.gradient.ulps, "{:.3g}"), digits(leaf.gradient), top_contributor(leaf));
+                            figure(g, g.worst_element), g.worst_at, figure(g, g.ulps, "{:.3g}"), digits(g),
+                            top_contributor(leaf, any_node_loses));
         for (const BranchAudit& b : leaf.branches) {
             text += fmt::format("      branch via node {} ({}, input {}): normwise {}, {} digits\n", b.consumer, b.op,
                                 b.slot, number(b.error.normwise), digits(b.error));
