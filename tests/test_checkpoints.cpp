@@ -15,6 +15,7 @@
 // is GPT-2's, as every one written before the decoder), and its sampling through its cache.
 #define BOOST_TEST_MODULE checkpoints
 #include "support.hpp"
+#include "charlm_corpus.hpp"
 #include "models/charlm.hpp"
 
 #include <signal.h>
@@ -34,15 +35,6 @@ namespace {
 
 // A char-LM small enough that a step and a save take milliseconds: 16 parameters, 49 files.
 CharLmSettings small_charlm() { return {.layers = 1, .width = 16, .heads = 2, .context = 16, .batch = 4}; }
-
-Corpus random_corpus() {
-    Corpus corpus;
-    corpus.alphabet = "abcdefghijk ";
-    std::mt19937_64 generator(11);
-    for (std::size_t k = 0; k < 2000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
-    corpus.validation = corpus.train;
-    return corpus;
-}
 
 // The decoder at the small size (models/llama.hpp through the same trainer): grouped-query
 // attention, 2 query heads over 1 key/value head, a SwiGLU MLP of width 24, tied output.
@@ -137,7 +129,7 @@ void place(const fs::path& source, const fs::path& target, Slot slot) {
 // trainer at step 4 that saves over each layout; all in a scratch directory removed at the end.
 struct Fixture {
     fs::path root = fs::temp_directory_path() / fmt::format("tapegrad_checkpoints_{}", ::getpid());
-    Corpus corpus = random_corpus();
+    Corpus corpus = testing::random_corpus(11, 2000);
     CharLmTrainer trainer{small_charlm(), corpus};
     std::map<std::size_t, std::vector<Tensor<double>>> parameters_at;  // by steps done
 
@@ -416,7 +408,7 @@ BOOST_AUTO_TEST_CASE(the_default_decoder_holds_as_many_parameters_as_the_default
 // for the GPT-2 config is refused by name.
 BOOST_AUTO_TEST_CASE(a_decoder_checkpoint_names_its_family_and_sizes_and_resumes_exactly) {
     const Scratch scratch("llama");
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 2000);
     CharLmTrainer trainer(small_llama(), corpus);
     trainer.step();
     trainer.step();
@@ -451,7 +443,7 @@ BOOST_AUTO_TEST_CASE(a_decoder_checkpoint_names_its_family_and_sizes_and_resumes
 // from the float32 trainer's (the products really read bfloat16), for both families.
 BOOST_AUTO_TEST_CASE(a_bfloat16_run_names_itself_resumes_exactly_and_refuses_float32_both_ways) {
     const Scratch scratch("bfloat16");
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 2000);
     for (CharLmSettings settings : {small_charlm(), small_llama()}) {
         const std::string family(char_lm_model_name(settings.model));
         BasicCharLmTrainer<float> float32(settings, corpus);
@@ -496,7 +488,7 @@ BOOST_AUTO_TEST_CASE(a_bfloat16_run_names_itself_resumes_exactly_and_refuses_flo
 // with both sizes named, the checkpoint's and the run's.
 BOOST_AUTO_TEST_CASE(a_checkpoint_of_the_other_family_or_other_decoder_sizes_is_refused_naming_both) {
     const Scratch scratch("families");
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 2000);
     CharLmTrainer gpt2(small_charlm(), corpus), llama(small_llama(), corpus);
     gpt2.step();
     llama.step();
@@ -560,7 +552,7 @@ BOOST_AUTO_TEST_CASE(a_manifest_without_a_model_line_is_a_gpt2_checkpoint) {
 // each of the alphabet, the same for the same seed. A cache never started again would run past
 // the context and be refused (llama_logits checks the positions).
 BOOST_AUTO_TEST_CASE(the_decoder_samples_through_its_cache_past_the_context) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 2000);
     CharLmTrainer trainer(small_llama(), corpus);
     trainer.step();
     const std::string text = trainer.sample("abc", 40, 5);

@@ -6,6 +6,7 @@
 // saved after two steps and resumed by a new trainer must go on bit for bit.
 #define BOOST_TEST_MODULE micro_batches
 #include "support.hpp"
+#include "charlm_corpus.hpp"
 #include "models/charlm.hpp"
 
 #include <filesystem>
@@ -14,15 +15,6 @@ using namespace tapegrad;
 namespace fs = std::filesystem;
 
 namespace {
-
-Corpus random_corpus() {
-    Corpus corpus;
-    corpus.alphabet = "abcdefghijk ";
-    std::mt19937_64 generator(12);
-    for (std::size_t k = 0; k < 2000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
-    corpus.validation = corpus.train;
-    return corpus;
-}
 
 enum class Dtype { float64, float32, bfloat16 };
 
@@ -98,7 +90,7 @@ std::vector<Case> every_case() {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(one_micro_batch_and_several_take_one_step) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(12, 2000);
     double worst_double = 0, worst_float = 0;
     for (const Case& c : every_case()) {
         BOOST_TEST_CONTEXT(c.name()) {
@@ -116,7 +108,7 @@ BOOST_AUTO_TEST_CASE(one_micro_batch_and_several_take_one_step) {
 // A run of 2 micro-batches saved after two steps and resumed by a new trainer (whose tapes are its
 // own, set from its settings) goes on as the uninterrupted run, bit for bit, in every dtype.
 BOOST_AUTO_TEST_CASE(a_run_of_several_micro_batches_resumes_exactly_in_every_dtype) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(12, 2000);
     const fs::path root = fs::temp_directory_path() / fmt::format("tapegrad_micro_batches_{}", ::getpid());
     fs::remove_all(root);
     for (const Case& c : every_case()) {

@@ -6,6 +6,7 @@
 // micro-batches (the batch's loss and gradient, the same bits on one thread and on two).
 #define BOOST_TEST_MODULE transformer
 #include "support.hpp"
+#include "charlm_corpus.hpp"
 #include "models/charlm.hpp"
 
 #include <iostream>
@@ -244,15 +245,6 @@ CharLmSettings small_charlm(std::size_t micro_batches) {
     return {.layers = 1, .width = 16, .heads = 2, .context = 16, .batch = 6, .micro_batches = micro_batches};
 }
 
-Corpus random_corpus() {
-    Corpus corpus;
-    corpus.alphabet = "abcdefghijk ";
-    std::mt19937_64 generator(11);
-    for (std::size_t k = 0; k < 4000; ++k) corpus.train.push_back(generator() % corpus.alphabet.size());
-    corpus.validation = corpus.train;
-    return corpus;
-}
-
 }  // namespace
 
 // A batch cut into micro-batches is the same batch: its loss and gradient norm agree with the
@@ -261,7 +253,7 @@ Corpus random_corpus() {
 // the order of their terms only (double: a few ulps of sums of at most 96 terms). Parts weighed
 // wrongly (each by 1) would double the norm.
 BOOST_AUTO_TEST_CASE(micro_batches_give_the_batch_loss_and_gradient) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 4000);
     CharLmTrainer whole(small_charlm(1), corpus);
     const double loss = whole.step(), norm = whole.last_gradient_norm();
     for (const std::size_t parts : {2, 4}) {
@@ -276,7 +268,7 @@ BOOST_AUTO_TEST_CASE(micro_batches_give_the_batch_loss_and_gradient) {
 // The parts run on as many threads as the setting gives, their gradients summed in part order:
 // three steps on one thread and on two end with the same parameters, bit for bit, in both dtypes.
 BOOST_AUTO_TEST_CASE(micro_batches_give_the_same_bits_on_one_thread_and_on_two) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 4000);
     const auto parameters_after = [&]<class T>(unsigned threads, T) {
         set_threads(threads);
         BasicCharLmTrainer<T> trainer(small_charlm(3), corpus);
@@ -289,7 +281,7 @@ BOOST_AUTO_TEST_CASE(micro_batches_give_the_same_bits_on_one_thread_and_on_two) 
 }
 
 BOOST_AUTO_TEST_CASE(micro_batches_outside_one_to_the_batch_are_refused) {
-    const Corpus corpus = random_corpus();
+    const Corpus corpus = testing::random_corpus(11, 4000);
     for (const std::size_t parts : {0, 7}) {
         const std::string message =
             testing::message_of<value_error>([&] { CharLmTrainer trainer(small_charlm(parts), corpus); });
