@@ -10,7 +10,10 @@ kernels), 20 steps of the char-LM's training (AdamW, warm-up + cosine, clipping)
 steps of the LLaMA-style decoder against a PyTorch model written from the formulas (RMSNorm, RoPE
 in both pairings, grouped-query attention, SwiGLU) at 1e-12 relative, whose trained weights are
 then written here as a safetensors file under Hugging Face's names and read by tapegrad to the
-same logits.
+same logits; and the other way, the safetensors files tapegrad's writer made of its own final
+decoder weights in F64, F32, BF16 and F16 against the files written here from the same values:
+the same names, dtypes and shapes, and byte-identical data (each value rounded once to nearest
+even on both sides, so exactly one right answer).
 
 usage: cross_check.py DUMP_MODELS_BINARY [--fault NAME] [--keep DIR] [--verbose]
        cross_check.py DUMP_MODELS_BINARY --charlm-default STEPS   (the example's default run, minutes)
@@ -523,13 +526,69 @@ class TorchLlama(torch.nn.Module):
         return rms_norm(X, self.get("norm_f.gain"), m["rms_epsilon"]) @ out
 
 
-def save_safetensors(path, tensors):
+# A safetensors dtype's bytes per element.
+SAFETENSORS_ITEM_SIZE = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2}
+
+
+def bfloat16_bits(values):
+    """The bfloat16 patterns (uint16) of float64 `values`, each rounded once from the double, to
+    nearest with ties to even, on its integer significand M·2^E (see stored_bytes for why not
+    torch's conversion): subnormals kept, ±inf past the largest finite's half spacing, NaN the
+    quiet NaN of its sign."""
+    fraction_bits, smallest = 7, -133  # bfloat16's stored fraction bits; its smallest spacing 2^-133
+    infinity = 0x7f80
+    patterns = []
+    for bits in np.ascontiguousarray(values, dtype="<f8").reshape(-1).view("<u8").tolist():
+        sign, biased, fraction = (bits >> 63) << 15, (bits >> 52) & 0x7ff, bits & ((1 << 52) - 1)
+        if biased == 0x7ff:
+            patterns.append(sign | (infinity if fraction == 0 else 0x7fc0))
+            continue
+        M, E = (fraction | 1 << 52, biased - 1075) if biased else (fraction, -1074)
+        if M == 0:
+            patterns.append(sign)
+            continue
+        q = max(M.bit_length() - 1 + E - fraction_bits, smallest)  # the spacing at |x|: 2^q
+        shift = q - E  # ≥ 45: a double has 52 fraction bits, bfloat16 7
+        n, rest, half = M >> shift, M & ((1 << shift) - 1), 1 << (shift - 1)
+        if rest > half or (rest == half and n % 2 == 1):  # to nearest, ties to even
+            n += 1
+        # n·2^q: pattern (q − smallest)·2^7 + n, for subnormals (q = smallest, n < 2^7) and normals
+        # alike; n = 2^8 carries into the next binade, and past the largest finite into inf.
+        patterns.append(sign | min(((q - smallest) << fraction_bits) + n, infinity))
+    return np.array(patterns, dtype="<u2").reshape(np.shape(values))
+
+
+def stored_bytes(array, dtype):
+    """`array` (float64) as `dtype`'s little-endian bytes, row-major, each element rounded once from
+    the double to nearest with ties to even. numpy's astype to '<f4' and '<f2' convert from the
+    double itself (npy_double_to_half works on the double's bits); torch's .to(torch.bfloat16) from
+    float64 does not: it goes through float32 (c10::BFloat16 is built from a float), which rounds
+    twice, so a double just above a bfloat16 midpoint can land on the midpoint in float32 and then
+    go to even, below it (1 + 2^-8 + 2^-30 becomes 1, not 1 + 2^-7). Checked against exact rational
+    rounding on 65,007 doubles (random ones over 2^-140..2^20, each format's midpoints and
+    midpoints ± 2^-30 and ± 2^-45 of its spacing, subnormals, overflow): numpy's two conversions
+    and bfloat16_bits rounded every one correctly, torch's bfloat16 rounded 6,108 of them twice.
+    Hence BF16 by bfloat16_bits."""
+    array = np.ascontiguousarray(array, dtype="<f8")
+    if dtype == "F64":
+        return array.tobytes()
+    if dtype == "F32":
+        return array.astype("<f4").tobytes()
+    if dtype == "F16":
+        return array.astype("<f2").tobytes()
+    if dtype == "BF16":
+        return bfloat16_bits(array).tobytes()
+    raise ValueError(f"no such safetensors dtype {dtype!r}")
+
+
+def save_safetensors(path, tensors, dtype="F64"):
     """The safetensors format written with numpy and json (no safetensors package here): 8 bytes of
-    header length (little-endian), the JSON header padded to 8 bytes, the F64 data."""
+    header length (little-endian), the JSON header padded with spaces to 8 bytes, the data of every
+    tensor in `dtype` (stored_bytes)."""
     header, offset, blobs = {}, 0, []
     for name, array in tensors.items():
-        data = np.ascontiguousarray(array, dtype="<f8").tobytes()
-        header[name] = {"dtype": "F64", "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
+        data = stored_bytes(array, dtype)
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
         blobs.append(data)
     text = json.dumps(header).encode()
@@ -555,6 +614,148 @@ def hugging_face_state(model):
     if not m["tied"]:
         state["lm_head.weight"] = model.get("W_out").T
     return {name: value.detach().numpy() for name, value in state.items()}
+
+
+def unique_keys(pairs):
+    """json's object_pairs_hook: the object as a dict, refused when a key appears twice."""
+    keys = [key for key, _ in pairs]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise ValueError(f"key {twice[0]!r} given twice")
+    return dict(pairs)
+
+
+def read_safetensors(path):
+    """A safetensors file held strictly to the format (the safetensors README): 8 bytes of header
+    length N (little-endian), N bytes of a JSON object that begins with '{', has no key twice in any
+    object and is followed only by spaces; each entry an object with a known dtype, a shape of
+    counts and data_offsets [begin, end] inside the data whose length is the shape's; the tensors
+    covering the data exactly, without overlap. Returns ({name: (dtype, shape, bytes)},
+    __metadata__ or None); a Disagreement naming the file and the fault otherwise."""
+    raw = pathlib.Path(path).read_bytes()
+
+    def refuse(fault):
+        return Disagreement(f"{pathlib.Path(path).name} is not a valid safetensors file: {fault}")
+
+    if len(raw) < 8:
+        raise refuse(f"{len(raw)} bytes, fewer than the header length's 8")
+    length = int.from_bytes(raw[:8], "little")
+    if length > len(raw) - 8:
+        raise refuse(f"header of {length} bytes past the end of the file ({len(raw)} bytes)")
+    header, data = raw[8:8 + length], raw[8 + length:]
+    if not header.startswith(b"{"):
+        raise refuse(f"header begins with {header[:1]!r}, not '{{'")
+    try:
+        text = header.decode("utf-8")
+        entries, end = json.JSONDecoder(object_pairs_hook=unique_keys).raw_decode(text)
+    except ValueError as error:  # not UTF-8, not JSON, or a key twice
+        raise refuse(f"header: {error}") from None
+    if set(text[end:]) - {" "}:
+        raise refuse(f"header padded with {text[end:]!r}, not spaces only")
+    metadata = entries.pop("__metadata__", None)
+    if metadata is not None and not (isinstance(metadata, dict)
+                                     and all(isinstance(v, str) for v in metadata.values())):
+        raise refuse("__metadata__ is not an object of strings")
+    tensors, spans = {}, []
+    for name, entry in entries.items():
+        if not (isinstance(entry, dict) and {"dtype", "shape", "data_offsets"} <= entry.keys()):
+            raise refuse(f"entry {name!r} is not an object with dtype, shape and data_offsets")
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if dtype not in SAFETENSORS_ITEM_SIZE:
+            raise refuse(f"{name!r}: unknown dtype {dtype!r}")
+        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+            raise refuse(f"{name!r}: shape {shape!r} is not a list of counts")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int for o in offsets)
+                and 0 <= offsets[0] <= offsets[1] <= len(data)):
+            raise refuse(f"{name!r}: data_offsets {offsets!r} not [begin, end] within the {len(data)} data bytes")
+        if offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_ITEM_SIZE[dtype]:
+            raise refuse(f"{name!r}: {offsets[1] - offsets[0]} bytes for shape {shape} of {dtype}")
+        tensors[name] = (dtype, tuple(shape), data[offsets[0]:offsets[1]])
+        spans.append((offsets[0], offsets[1], name))
+    covered = 0
+    for begin, end, name in sorted(spans):
+        if begin != covered:
+            raise refuse(f"{name!r} begins at data byte {begin}, the tensors before it end at {covered}")
+        covered = end
+    if covered != len(data):
+        raise refuse(f"data bytes {covered}..{len(data)} belong to no tensor")
+    return tensors, metadata
+
+
+def stored_values(dtype, data):
+    """The elements of `dtype`'s bytes as their bit patterns and as float64 values (exactly)."""
+    size = SAFETENSORS_ITEM_SIZE[dtype]
+    patterns = np.frombuffer(data, dtype=f"<u{size}")
+    if dtype == "BF16":  # a bfloat16 is a float32's upper half
+        return patterns, (patterns.astype("<u4") << 16).view("<f4").astype(np.float64)
+    return patterns, np.frombuffer(data, dtype={"F64": "<f8", "F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float64)
+
+
+def weights_file_difference(ours, theirs, sources):
+    """None when tapegrad's file `ours` and Python's `theirs` (read_safetensors) hold the same
+    tensors; otherwise the first difference, in Python's order (Hugging Face's): names, metadata,
+    then per tensor its dtype, shape and data (the first differing element's index, both patterns
+    and values, and the double of `sources[name]` that Python rounded there)."""
+    (ours, our_metadata), (theirs, their_metadata) = ours, theirs
+    if ours.keys() != theirs.keys():
+        return (f"names differ: only tapegrad's {sorted(ours.keys() - theirs.keys())}, "
+                f"only Python's {sorted(theirs.keys() - ours.keys())}")
+    if our_metadata != their_metadata:
+        return f"__metadata__ {our_metadata!r} (tapegrad) vs {their_metadata!r} (Python)"
+    for name, (dtype, shape, data) in theirs.items():
+        our_dtype, our_shape, our_data = ours[name]
+        if our_dtype != dtype:
+            return f"{name}: dtype {our_dtype} (tapegrad) vs {dtype} (Python)"
+        if our_shape != shape:
+            return f"{name} ({dtype}): shape {list(our_shape)} (tapegrad) vs {list(shape)} (Python)"
+        if our_data != data:
+            (a, x), (b, y) = stored_values(dtype, our_data), stored_values(dtype, data)
+            differing = np.flatnonzero(a != b)
+            k, digits = int(differing[0]), 2 * SAFETENSORS_ITEM_SIZE[dtype]
+            index = tuple(int(i) for i in np.unravel_index(k, shape))
+            source = float(np.asarray(sources[name]).reshape(-1)[k])
+            return (f"{name} ({dtype}, shape {list(shape)}) first differs at {index}: "
+                    f"tapegrad 0x{int(a[k]):0{digits}x} = {x[k]!r}, Python 0x{int(b[k]):0{digits}x} = {y[k]!r}, "
+                    f"from the double {source!r} ({len(differing)} of {a.size} elements differ)")
+    return None
+
+
+# The library's writer against Python's (io/safetensors.hpp, models/llama_weights.hpp's
+# llama_safetensors). Exact, not a tolerance: both sides start from the same doubles (tapegrad's
+# own final values, read back exactly from .npy) and round each once, to nearest with ties to even
+# (what the library states and stored_bytes does), so each element has one right pattern and any
+# byte that differs is a fault of one writer. The configs (D = 16, H = 4, dh = 4, F = 24, V = 11)
+# make these non-square: k_proj and v_proj [H_kv·dh, D] when H_kv < H ([8, 16] in the llama_gqa_
+# cases, [4, 16] in llama_mqa_halves_tied), gate_proj and up_proj [24, 16], down_proj [16, 24],
+# lm_head [11, 16] in the untied cases (all but llama_mqa_halves_tied), embed_tokens [11, 16]
+# (stored as is); q_proj, o_proj (and k_proj, v_proj in llama_mha_halves) are [16, 16]. A missing
+# transpose shows as a wrong shape on the non-square ones, and as wrong bytes when the shape label
+# is right (the weights_file_untransposed control) on all of them.
+WEIGHTS_FILE_DTYPES = ("F64", "F32", "BF16", "F16")
+
+
+def check_llama_weights_written(case):
+    """final.<DTYPE>.safetensors written by tapegrad (dump_models) against the same final values
+    put in Hugging Face's layout by hugging_face_state and written here, in every dtype."""
+    names = case.meta["parameter_names"]
+    state = hugging_face_state(TorchLlama({name: case.tensor(f"final.{name}") for name in names}, case.meta))
+    differences = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for dtype in WEIGHTS_FILE_DTYPES:
+            ours = case.directory / f"final.{dtype}.safetensors"
+            if not ours.exists():
+                differences.append(f"{dtype}: dump_models wrote no {ours.name}")
+                continue
+            theirs = pathlib.Path(scratch) / f"python.{dtype}.safetensors"
+            save_safetensors(theirs, state, dtype)
+            difference = weights_file_difference(read_safetensors(ours), read_safetensors(theirs), state)
+            if difference is not None:
+                differences.append(f"{dtype}: {difference}")
+    if differences:
+        raise Disagreement("tapegrad's safetensors files differ from Python's for the same values: " +
+                           "; ".join(differences))
+    case.notes.append(f"weights files byte-identical to Python's in {', '.join(WEIGHTS_FILE_DTYPES)} "
+                      f"({len(state)} tensors each)")
 
 
 def check_llama_weights_file(case, model, tokens):
@@ -602,6 +803,7 @@ def check_llama_training(case):
     for name, p in zip(names, parameters):
         case.compare(f"final {name}", case.array(f"final.{name}"), p, LLAMA_TOLERANCE)
     check_llama_weights_file(case, model, tokens[0])
+    check_llama_weights_written(case)
 
 
 CHECKS = {

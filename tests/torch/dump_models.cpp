@@ -7,10 +7,14 @@
 // kernels, and 20 Adam steps), one transformer block (both kernels, both GELU forms), the whole
 // transformer's logits (both kernels), 20 steps of the char-LM's own training step
 // (CharLmTrainer: AdamW, warm-up + cosine, clipping), and six AdamW steps of the LLaMA-style
-// decoder (grouped-query, multi-query and multi-head; both RoPE pairings; tied and untied).
+// decoder (grouped-query, multi-query and multi-head; both RoPE pairings; tied and untied), whose
+// final parameters are also written by the library as safetensors files under Hugging Face's
+// names, final.<DTYPE>.safetensors for F64, F32, BF16 and F16 (llama_safetensors, save_safetensors),
+// which the script compares byte for byte with the files Python writes from the same values.
 //   usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|skip_clipping|
 //                                          rope_other_pairing|gqa_without_group_sum|
-//                                          rms_norm_without_gain|alibi_reversed]
+//                                          rms_norm_without_gain|alibi_reversed|
+//                                          weights_file_untransposed|weights_file_truncated]
 //          dump_models OUTPUT_DIR --charlm-default STEPS   (only the example's default char-LM run)
 //          dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F tied|untied PAIRING
 //                                                ALIBI(0|1) WINDOW
@@ -32,16 +36,25 @@
 //   alibi_reversed       the ALiBi decoder's slopes reversed (head h given head H − 1 − h's slope):
 //                        run on weights whose heads are in reverse order, gradients put back
 //                        of its group instead of summed over the group
+//   weights_file_untransposed  the decoder's weights files with each transposed parameter's data
+//                        left in tapegrad's [in, out] order under Hugging Face's [out, in] shape
+//                        (the classic missing transpose, invisible to a check of shapes alone)
+//   weights_file_truncated  the decoder's F32, BF16 and F16 files rounded toward zero instead of
+//                        to nearest (the values truncated here, in the test; the library's
+//                        writer then stores them exactly)
 #include "models/charlm.hpp"
 #include "models/llama.hpp"
 #include "models/llama_weights.hpp"
 #include "models/retrieval.hpp"
+#include "autodiff/low_precision.hpp"
 #include "io/npy.hpp"
+#include "io/safetensors.hpp"
 #include "tapegrad.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -59,7 +72,8 @@ namespace fs = std::filesystem;
 using namespace tapegrad;
 
 enum class Fault { none, drop_mask, flip_scale, nudge_learning_rate, skip_clipping, rope_other_pairing,
-                   gqa_without_group_sum, rms_norm_without_gain, alibi_reversed };
+                   gqa_without_group_sum, rms_norm_without_gain, alibi_reversed, weights_file_untransposed,
+                   weights_file_truncated };
 
 const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"drop_mask", Fault::drop_mask},
@@ -69,15 +83,22 @@ const std::map<std::string, Fault> fault_names{{"none", Fault::none},
                                                {"rope_other_pairing", Fault::rope_other_pairing},
                                                {"gqa_without_group_sum", Fault::gqa_without_group_sum},
                                                {"rms_norm_without_gain", Fault::rms_norm_without_gain},
-                                               {"alibi_reversed", Fault::alibi_reversed}};
+                                               {"alibi_reversed", Fault::alibi_reversed},
+                                               {"weights_file_untransposed", Fault::weights_file_untransposed},
+                                               {"weights_file_truncated", Fault::weights_file_truncated}};
 
-// One case's output: its files (name -> tensor) and the JSON members describing its model.
+// One case's output: its .npy files (name -> tensor), its safetensors files (file name -> the
+// tensors the library writes into it) and the JSON members describing its model.
 struct Dump {
     std::vector<std::pair<std::string, Tensor<double>>> files;
+    std::vector<std::pair<std::string, std::vector<SafetensorsTensor>>> safetensors_files;
     std::vector<std::string> meta;  // `"key": value` members of meta.json
     bool fault_applied = false;
 
     void add(std::string name, Tensor<double> tensor) { files.emplace_back(std::move(name), std::move(tensor)); }
+    void add_safetensors(std::string file_name, std::vector<SafetensorsTensor> tensors) {
+        safetensors_files.emplace_back(std::move(file_name), std::move(tensors));
+    }
     void describe(std::string_view key, std::string_view json_value) {
         meta.push_back(fmt::format("\"{}\": {}", key, json_value));
     }
@@ -627,8 +648,44 @@ struct LlamaCase {
     AttentionKernel kernel = AttentionKernel::composed;
 };
 
+// `x` rounded toward zero to `dtype`, as the double it is exactly (weights_file_truncated): the
+// nearest value, or when that lies beyond |x| the next one toward zero. A value of the dtype, so
+// the library's writer, rounding to nearest, stores it unchanged.
+double toward_zero(SafetensorsDtype dtype, double x) {
+    if (dtype == SafetensorsDtype::float64) return x;
+    if (dtype == SafetensorsDtype::float32) {
+        float f = static_cast<float>(x);
+        if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+        return f;
+    }
+    const HalfFormat format = dtype == SafetensorsDtype::bfloat16 ? bfloat16_format : float16_format;
+    std::uint16_t bits = half_bits(format, x);
+    if (std::fabs(half_value(format, bits)) > std::fabs(x)) --bits;  // sign and magnitude: one step toward zero
+    return half_value(format, bits);
+}
+
+// The decoder's parameters as the library writes them in `dtype` under Hugging Face's names
+// (llama_safetensors), or as a faulty writer would under the weights_file_* faults.
+std::vector<SafetensorsTensor> weights_file(const std::vector<Tensor<double>>& values, const LlamaConfig& c,
+                                            SafetensorsDtype dtype, Fault fault) {
+    std::vector<SafetensorsTensor> tensors = llama_safetensors(values, c, dtype);
+    if (fault == Fault::weights_file_untransposed) {
+        // tapegrad's own data under the stored shape: [in, out] bytes labelled [out, in] for the
+        // transposed parameters (the parameters stored as they are, E and the gains, unchanged).
+        // llama_safetensors keeps parameter_names(c)'s order, the order of `values`.
+        for (std::size_t i = 0; i < tensors.size(); ++i)
+            tensors[i].value = values[i].reshaped(tensors[i].value.shape());
+    }
+    if (fault == Fault::weights_file_truncated) {
+        for (SafetensorsTensor& t : tensors)
+            for (double& x : t.value.data()) x = toward_zero(dtype, x);
+    }
+    return tensors;
+}
+
 // Six AdamW steps of a small decoder from generic parameters on seeded batches: the start's
-// gradients, each step's loss, the final parameters.
+// gradients, each step's loss, the final parameters (as .npy files, and as the library's
+// safetensors files in each of its four dtypes, final.<DTYPE>.safetensors).
 Dump llama_training_case(const LlamaCase& decoder, Fault fault, std::uint64_t seed) {
     constexpr std::size_t steps = 6, B = 2;
     const RopePairing pairing = decoder.pairing;
@@ -652,7 +709,9 @@ Dump llama_training_case(const LlamaCase& decoder, Fault fault, std::uint64_t se
     const LlamaFaults faults{.without_group_sum = fault == Fault::gqa_without_group_sum && kv_heads < c.heads,
                              .gain_dropped = fault == Fault::rms_norm_without_gain,
                              .reversed_heads = fault == Fault::alibi_reversed && c.alibi};
-    dump.fault_applied = dump.fault_applied || faults.without_group_sum || faults.gain_dropped || faults.reversed_heads;
+    const bool file_fault = fault == Fault::weights_file_untransposed || fault == Fault::weights_file_truncated;
+    dump.fault_applied =
+        dump.fault_applied || faults.without_group_sum || faults.gain_dropped || faults.reversed_heads || file_fault;
 
     std::mt19937_64 generator(seed);
     std::vector<Tensor<double>> values;
@@ -689,6 +748,11 @@ Dump llama_training_case(const LlamaCase& decoder, Fault fault, std::uint64_t se
     dump.add("targets", targets);
     dump.add("losses", losses);
     for (std::size_t i = 0; i < names.size(); ++i) dump.add("final." + names[i], values[i]);
+    for (const SafetensorsDtype dtype : {SafetensorsDtype::float64, SafetensorsDtype::float32,
+                                         SafetensorsDtype::bfloat16, SafetensorsDtype::float16}) {
+        dump.add_safetensors(fmt::format("final.{}.safetensors", safetensors_dtype_name(dtype)),
+                             weights_file(values, c, dtype, fault));
+    }
     return dump;
 }
 
@@ -715,6 +779,7 @@ int llama_logits_from_file(char** argv) {
 void write_case(const fs::path& dir, const Dump& dump) {
     fs::create_directories(dir);
     for (const auto& [name, tensor] : dump.files) save_npy(dir / (name + ".npy"), tensor);
+    for (const auto& [file_name, tensors] : dump.safetensors_files) save_safetensors(dir / file_name, tensors);
     std::vector<std::string> meta = dump.meta;
     meta.push_back(fmt::format("\"fault_applied\": {}", dump.fault_applied ? "true" : "false"));
     std::ofstream file(dir / "meta.json");
@@ -764,7 +829,7 @@ std::vector<std::pair<std::string, Dump>> all_cases(const fs::path& scratch, Fau
 int main(int argc, char** argv) {
     const std::string usage = "usage: dump_models OUTPUT_DIR [--fault none|drop_mask|flip_scale|nudge_learning_rate|"
                               "skip_clipping|rope_other_pairing|gqa_without_group_sum|rms_norm_without_gain|"
-                              "alibi_reversed]\n"
+                              "alibi_reversed|weights_file_untransposed|weights_file_truncated]\n"
                               "       dump_models OUTPUT_DIR --charlm-default STEPS\n"
                               "       dump_models LOGITS.npy --llama-logits WEIGHTS.safetensors TOKENS.npy V D H H_KV L F "
                               "tied|untied PAIRING ALIBI(0|1) WINDOW";
