@@ -215,6 +215,19 @@ Range image(const Range& x, F f) {
     return {f(x.lo), f(x.hi)};
 }
 
+// A rule whose op has settings also gives `settings_sample(const SettingsLeaves&)`: the op recorded
+// on these leaves with every setting away from its default (axes other than 0, keepdims true, the
+// erf form, a causal fused attention with a query offset, its own tiles, a window and ALiBi, an
+// embedding of sequences, ...). test_tape_file saves and loads them all and changes each saved
+// setting in the file, so every op's settings round-trip with no row of their own elsewhere.
+struct SettingsLeaves {
+    Var<double> X;     // [2x4] in [0.5, 1.5): inside clamp's bounds, pow's domain, positive rows
+    Var<double> E;     // [5x4] an embedding table
+    Var<double> gain;  // [4]
+    Var<double> bias;  // [4]
+    Var<double> keep;  // [2x4] a 0/1 constant keep-mask
+};
+
 // ---- the rules: elementwise binary ops (broadcasting) ----
 
 // The partner of a broadcasting op: any value whose shape broadcasts with a's (a divisor ≥ 0.5).
@@ -322,6 +335,7 @@ inline bool rows_spread(const Tensor<double>& X, std::size_t D) {
 
 struct LayerNormRule {
     static constexpr std::string_view name = "layer_norm";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return layer_norm(l.X, l.gain, l.bias, LayerNormSettings{1e-3}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -355,6 +369,7 @@ struct NegRule {
 
 struct ShiftRule {
     static constexpr std::string_view name = "shift";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return shift(l.X, 0.125); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary();
         d.step.c = d.real(-1, 1);
@@ -367,6 +382,7 @@ struct ShiftRule {
 
 struct ScaleRule {
     static constexpr std::string_view name = "scale";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return scale(l.X, 0.75); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary();
         d.step.c = d.real(-2, 2);
@@ -463,6 +479,7 @@ struct AbsRule {
 
 struct PowRule {
     static constexpr std::string_view name = "pow";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return pow(l.X, 1.5); }
     static bool draw(Drawing& d) {
         const Range& x = d.range_of(d.unary());
         // Integer powers for any sign; fractional and negative ones for inputs ≥ divisor_margin.
@@ -486,6 +503,7 @@ struct PowRule {
 
 struct ClampRule {
     static constexpr std::string_view name = "clamp";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return clamp(l.X, 0.25, 2.0); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary();
         d.step.c = d.real(-1, 0.5);
@@ -512,6 +530,7 @@ struct ReluRule {
 
 struct GeluRule {
     static constexpr std::string_view name = "gelu";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return gelu(l.X, GeluForm::erf); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary();
         d.range = {-0.2, std::max(d.range_of(a).hi, 0.0)};  // GELU(x) ≥ −0.17 everywhere, ≤ max(x, 0)
@@ -612,6 +631,13 @@ struct LogSoftmaxRule {
 
 struct FusedAttentionRule {
     static constexpr std::string_view name = "fused_attention";
+    // Causal with a query offset and its own tiles; and a window and ALiBi over one head, Q [1, 2, 4]:
+    // of the changed values, alibi_heads 0 loads (2 is refused: Q has one head), windows 0 and 2 load.
+    static Var<double> settings_sample(const SettingsLeaves& l) {
+        const Var<double> h = reshape(l.X, Shape{4, 2}), one_head = split_heads(l.X, 1);
+        return add(sum(fused_attention(h, h, h, true, 2, FusedAttentionTiles{3, 2})),
+                   sum(fused_attention(one_head, one_head, one_head, {.pattern = {.causal = true, .window = 1, .alibi_heads = 1}})));
+    }
     static bool draw(Drawing& d) {
         const std::size_t q = d.unary_of_rank_at_least(2);
         if (q == none) return false;
@@ -678,6 +704,7 @@ inline double draw_reduction(Drawing& d, std::size_t a) {
 
 struct SumAxisRule {
     static constexpr std::string_view name = "sum_axis";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return sum(l.X, 1, true); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -691,6 +718,7 @@ struct SumAxisRule {
 
 struct MeanRule {
     static constexpr std::string_view name = "mean";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return mean(l.X, 1, false); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -704,6 +732,7 @@ struct MeanRule {
 
 struct MaxRule {
     static constexpr std::string_view name = "max";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return max(l.X, 1, true); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -717,6 +746,7 @@ struct MaxRule {
 
 struct LogsumexpRule {
     static constexpr std::string_view name = "logsumexp";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return logsumexp(l.X, 0, true); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -732,6 +762,7 @@ struct LogsumexpRule {
 
 struct ReshapeRule {
     static constexpr std::string_view name = "reshape";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return reshape(l.X, Shape{4, 2}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary();
         std::size_t remaining = d.shape(a).size();
@@ -754,6 +785,7 @@ struct ReshapeRule {
 
 struct ConcatRule {
     static constexpr std::string_view name = "concat";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return concat({l.X, l.X}, 1); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -787,6 +819,7 @@ struct ConcatRule {
 
 struct SliceRule {
     static constexpr std::string_view name = "slice";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return slice(l.X, 1, 0, 2); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -806,6 +839,7 @@ struct SliceRule {
 
 struct PermuteRule {
     static constexpr std::string_view name = "permute";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return permute(split_heads(l.X, 2), {0, 2, 1}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -851,6 +885,7 @@ struct DropoutRule {
 
 struct DropoutWithMaskRule {
     static constexpr std::string_view name = "dropout_with_mask";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return dropout_with_mask(l.X, l.keep, 0.25); }
     static bool draw(Drawing& d) {
         const std::size_t a = draw_dropout(d);
         if (a == none) return false;
@@ -864,6 +899,7 @@ struct DropoutWithMaskRule {
 
 struct EmbeddingRule {
     static constexpr std::string_view name = "embedding";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return embedding(l.E, std::vector<std::size_t>{4, 0, 2, 1}, 2); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(2);
         if (a == none) return false;
@@ -883,6 +919,7 @@ struct EmbeddingRule {
 
 struct CrossEntropyRule {
     static constexpr std::string_view name = "cross_entropy";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return cross_entropy(l.X, std::vector<std::size_t>{3, 1}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -898,6 +935,7 @@ struct CrossEntropyRule {
 
 struct SplitHeadsRule {
     static constexpr std::string_view name = "split_heads";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return split_heads(l.X, 2); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary([](const Shape& s, const Range&) { return s.rank() == 2 || s.rank() == 3; });
         if (a == none) return false;
@@ -937,6 +975,7 @@ struct MergeHeadsRule {
 
 struct RmsNormRule {
     static constexpr std::string_view name = "rms_norm";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return rms_norm(l.X, l.gain, {.epsilon = 1e-3}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(1);
         if (a == none) return false;
@@ -971,6 +1010,7 @@ struct SiluRule {
 
 struct RopeRule {
     static constexpr std::string_view name = "rope";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return rope(split_heads(l.X, 2), {.base = 500, .pairing = RopePairing::halves, .first_position = 5}); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary([](const Shape& s, const Range&) { return s.rank() >= 2 && s.cols() % 2 == 0; });
         if (a == none) return false;
@@ -991,6 +1031,7 @@ struct RopeRule {
 
 struct RepeatHeadsRule {
     static constexpr std::string_view name = "repeat_heads";
+    static Var<double> settings_sample(const SettingsLeaves& l) { return repeat_heads(split_heads(l.X, 2), 3); }
     static bool draw(Drawing& d) {
         const std::size_t a = d.unary_of_rank_at_least(3);
         if (a == none) return false;

@@ -1,11 +1,13 @@
-// The docs' coverage of the library's ops: every op struct of LibraryOps (ops/all.hpp) has its row in
-// the README's op tables (a row whose first cell names its function, `name(...)`, or says `(op
-// `name`)` where the function is spelt otherwise, as sum(X, axis) for sum_axis) and in
-// docs/tape-file.md's table of ops and settings (its name in backticks in a row's first cell). The
-// list is the library's own, so a new op without its rows fails here, named. And every op struct
-// declared under ops/ (a struct whose first member is its `name`) is in LibraryOps, so an op left
-// out of the list is named here too. Fault controls: a name no op has is found missing from both
-// docs, and an op struct in a header of a scratch folder is found missing from the list.
+// The docs' coverage of the library's ops. docs/ops.md and docs/tape-file.md's op table are
+// generated from the ops' declarations (tools/op_docs.cpp; op_docs_are_current holds the committed
+// files to it), so no op needs a hand-written row: here, every op struct of LibraryOps (ops/all.hpp)
+// has its section in docs/ops.md and its row in docs/tape-file.md's table (a stale file names the op
+// that lacks one), and every op struct declared under ops/ (a struct whose first member is its
+// `name`) is in LibraryOps, so an op left out of the list is named too. And the rules of
+// tests/op_rules.hpp are exactly the public functions docs/ops.md gives (each `Var<T> name(`
+// declaration of a header) and the ops' names (sum(X, axis) is op sum_axis). Fault controls: a name
+// no op has is found missing from both docs, an op struct in a header of a scratch folder is found
+// missing from the list, and a documented function without a rule is named.
 #define BOOST_TEST_MODULE docs_cover_ops
 #include "op_rules.hpp"
 
@@ -48,8 +50,13 @@ bool any_cell_holds(const std::vector<std::string>& cells, std::initializer_list
     return false;
 }
 
-bool readme_has_row(const std::vector<std::string>& cells, std::string_view op) {
-    return any_cell_holds(cells, {fmt::format("`{}(", op), fmt::format("(op `{}`)", op)});
+// docs/ops.md has a section "## name" for the op.
+bool ops_reference_has_section(const std::string& path, std::string_view op) {
+    std::ifstream file(path);
+    if (!file) throw std::runtime_error("cannot read " + path);
+    for (std::string line; std::getline(file, line);)
+        if (line == fmt::format("## {}", op)) return true;
+    return false;
 }
 
 bool tape_file_has_row(const std::vector<std::string>& cells, std::string_view op) {
@@ -84,26 +91,16 @@ std::string unlisted(const std::map<std::string, std::string>& declared) {
     return names;
 }
 
-// The public functions the README's op tables name (the section "### Ops (" up to the next "### "):
-// each `name(` in a row's first cell, or the op a cell names with "(op `name`)" (sum(X, axis) is
-// sum_axis).
-std::set<std::string> readme_functions(const std::string& path) {
+// The public functions docs/ops.md declares (`Var<T> name(` at the start of a line of its code blocks),
+// and the ops it names in its sections ("## name").
+std::set<std::string> documented_functions(const std::string& path) {
     std::ifstream file(path);
     if (!file) throw std::runtime_error("cannot read " + path);
-    static const std::regex function(R"re(`([a-z0-9_]+)\()re"), op_named(R"re(\(op `([a-z0-9_]+)`\))re");
+    static const std::regex function(R"re(^Var<T> ([a-z0-9_]+)\()re"), section(R"re(^## ([a-z0-9_]+)$)re");
     std::set<std::string> names;
-    bool in_ops = false;
     for (std::string line; std::getline(file, line);) {
-        if (line.starts_with("### ")) in_ops = line.starts_with("### Ops (");
-        if (!in_ops || !line.starts_with("| ")) continue;
-        const std::string cell = line.substr(2, line.find(" | ", 1) - 2);
         std::smatch m;
-        if (std::regex_search(cell, m, op_named)) {
-            names.insert(m[1].str());
-            continue;
-        }
-        for (auto it = std::sregex_iterator(cell.begin(), cell.end(), function); it != std::sregex_iterator(); ++it)
-            names.insert((*it)[1].str());
+        if (std::regex_search(line, m, function) || std::regex_search(line, m, section)) names.insert(m[1].str());
     }
     return names;
 }
@@ -112,27 +109,24 @@ std::set<std::string> rule_names() {
     return {testing::rules::Rules::names.begin(), testing::rules::Rules::names.end()};
 }
 
-struct Docs {
-    std::vector<std::string> readme = first_cells(TAPEGRAD_SOURCE_DIR "/README.md");
-    std::vector<std::string> tape_file = first_cells(TAPEGRAD_SOURCE_DIR "/docs/tape-file.md");
-};
+const std::string ops_reference = TAPEGRAD_SOURCE_DIR "/docs/ops.md";
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(every_library_op_has_its_rows_in_the_readme_and_the_tape_file_docs) {
-    const auto [readme, tape_file] = Docs{};
-    BOOST_TEST(LibraryOps::size >= 43u);  // the list the checks below walk is the library's
+BOOST_AUTO_TEST_CASE(every_library_op_has_its_section_in_the_reference_and_its_row_in_the_tape_file_docs) {
+    const std::vector<std::string> tape_file = first_cells(TAPEGRAD_SOURCE_DIR "/docs/tape-file.md");
+    BOOST_TEST(LibraryOps::size >= 44u);  // the list the checks below walk is the library's
     for (const std::string_view op : LibraryOps::names) {
-        BOOST_TEST(readme_has_row(readme, op), "op '" << op << "' has no row in README.md's op tables");
+        BOOST_TEST(ops_reference_has_section(ops_reference, op), "op '" << op << "' has no section in docs/ops.md");
         BOOST_TEST(tape_file_has_row(tape_file, op), "op '" << op << "' has no row in docs/tape-file.md");
     }
 }
 
 BOOST_AUTO_TEST_CASE(an_op_without_rows_is_found_missing) {
-    const auto [readme, tape_file] = Docs{};
-    BOOST_TEST(!readme_has_row(readme, "no_such_op"));
+    const std::vector<std::string> tape_file = first_cells(TAPEGRAD_SOURCE_DIR "/docs/tape-file.md");
+    BOOST_TEST(!ops_reference_has_section(ops_reference, "no_such_op"));
     BOOST_TEST(!tape_file_has_row(tape_file, "no_such_op"));
-    BOOST_TEST(!readme_has_row(readme, "sum_ax"));  // a prefix of a name is not the name
+    BOOST_TEST(!ops_reference_has_section(ops_reference, "sum_ax"));  // a prefix of a name is not the name
     BOOST_TEST(!tape_file_has_row(tape_file, "sum_ax"));
 }
 
@@ -156,29 +150,27 @@ BOOST_AUTO_TEST_CASE(an_op_struct_left_out_of_library_ops_is_found) {
 }
 
 // The random graphs, the second-order rows and the graph of every op (tests/op_rules.hpp) draw each
-// public function through its rule: every function of the README's op tables has one, and every
-// rule is a documented function.
-BOOST_AUTO_TEST_CASE(every_public_function_of_the_readme_has_a_rule_in_op_rules) {
-    const std::set<std::string> documented = readme_functions(TAPEGRAD_SOURCE_DIR "/README.md");
-    BOOST_TEST(documented.size() >= 41u);
+// public function through its rule: every function docs/ops.md declares and every op has one, and
+// every rule is a documented function or op.
+BOOST_AUTO_TEST_CASE(every_public_function_of_the_reference_has_a_rule_in_op_rules) {
+    const std::set<std::string> documented = documented_functions(ops_reference);
+    BOOST_TEST(documented.size() >= 46u);
     const std::string without_rule = testing::missing_names(documented, rule_names());
-    BOOST_TEST(without_rule.empty(), "functions of README.md's op tables without a rule in tests/op_rules.hpp: "
+    BOOST_TEST(without_rule.empty(), "functions and ops of docs/ops.md without a rule in tests/op_rules.hpp: "
                                          << without_rule);
     const std::string undocumented = testing::missing_names(rule_names(), documented);
-    BOOST_TEST(undocumented.empty(), "rules of tests/op_rules.hpp whose function README.md's op tables lack: "
-                                         << undocumented);
+    BOOST_TEST(undocumented.empty(), "rules of tests/op_rules.hpp whose function docs/ops.md lacks: " << undocumented);
 }
 
-// Fault control: a function documented in the op tables without a rule is named; the same name
-// outside the op section, or in a row's later cells, is not a function of the tables.
+// Fault control: a function declared in the reference without a rule is named; a declaration not at
+// the start of a line (a call in prose), or a heading of another level, is not one.
 BOOST_AUTO_TEST_CASE(a_documented_function_without_a_rule_is_found) {
-    const std::filesystem::path readme =
-        std::filesystem::temp_directory_path() / fmt::format("readme_{}.md", ::getpid());
-    std::ofstream(readme) << "### Engine\n| `set_threads(n)` | x |\n### Ops (`ops/`)\n| `exp(A)` | `frobnicate(A)` "
-                             "|\n| `frobnicate(A)`, `neg(A)` | y |\n| `sum(X, axis)` (op `sum_axis`) | z |\n### Checker\n"
-                             "| `gadget(A)` | w |\n";
-    const std::set<std::string> documented = readme_functions(readme.string());
-    std::filesystem::remove(readme);
-    BOOST_TEST(fmt::format("{}", fmt::join(documented, " ")) == "exp frobnicate neg sum_axis");
+    const std::filesystem::path reference =
+        std::filesystem::temp_directory_path() / fmt::format("ops_{}.md", ::getpid());
+    std::ofstream(reference) << "## exp\n```cpp\nVar<T> exp(const Var<T>& A)\nVar<T> frobnicate(const Var<T>& A,\n"
+                                "                  int n)\n```\n## sum_axis\ncalls `Var<T> gadget(A)`\n### widget\n";
+    const std::set<std::string> documented = documented_functions(reference.string());
+    std::filesystem::remove(reference);
+    BOOST_TEST(fmt::format("{}", fmt::join(documented, " ")) == "exp frobnicate sum_axis");
     BOOST_TEST(testing::missing_names(documented, rule_names()) == "frobnicate");
 }

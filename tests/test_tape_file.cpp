@@ -1,7 +1,8 @@
 // Saved tapes (io/tape_file.hpp): a recorded tape saved and loaded is the same graph bit for bit
 // (every node's op, inputs, label and value), so it checks exactly like the original: the graph of
 // every library op, the spec's attention, a transformer block, the retrieval model, a float tape;
-// every op's settings away from their defaults, and each setting changed in the file loads as that
+// every op's settings away from their defaults (each rule's settings sample, tests/op_rules.hpp),
+// and each setting changed in the file loads as that
 // change (a loader that dropped or mixed up a setting fails here).
 // Every file of the malformed corpus (tests/data/tape_files/bad_*.json) is refused with an
 // io_error naming the file, the node and the fault, and leaves the tape empty; a tape of a user's
@@ -89,43 +90,32 @@ CheckOptions fast_mode() {
     return options;
 }
 
-// Every op that has settings, each setting away from its default (axes other than 0, keepdims
-// true where the default is false, the erf form, a causal fused attention with a query offset, a
-// window, ALiBi and its own tiles, an embedding of sequences, ...): a loader that dropped one, or read it into the
-// wrong field, would give another graph, which expect_same_graph sees in the values or the text.
+// Every op that has settings, each setting away from its default: the settings sample of each rule
+// that gives one (tests/op_rules.hpp), each summed into J. A loader that dropped a setting, or read
+// it into the wrong field, would give another graph, which expect_same_graph sees in the values or
+// the text; an op whose settings decide its shape feeds a sum only, so that a changed setting the
+// op accepts gives a graph that still records (the test below changes each setting).
+template <class... Rule>
+Var<double> sum_of_settings_samples(const testing::rules::SettingsLeaves& leaves, testing::rules::RuleList<Rule...>) {
+    std::vector<Var<double>> terms;
+    const auto add_sample = [&]<class R>(R*) {
+        if constexpr (requires { R::settings_sample(leaves); }) terms.push_back(sum(R::settings_sample(leaves)));
+    };
+    (add_sample(static_cast<Rule*>(nullptr)), ...);
+    Var<double> J = terms.at(0);
+    for (std::size_t k = 1; k < terms.size(); ++k) J = add(J, terms[k]);
+    return J;
+}
+
 Var<double> settings_graph(Tape<double>& tape) {
     std::mt19937_64 rng(29);
     Tensor<double> x = random_tensor({2, 4}, rng, 0.5);
     for (double& v : x.data()) v += 1.0;  // in [0.5, 1.5): inside clamp's bounds, pow's and sqrt's domain
-    const Var<double> X = tape.leaf(x, "X");
-    const Var<double> E = tape.leaf(random_tensor({5, 4}, rng), "E");
-    const Var<double> gain = tape.leaf(random_tensor({4}, rng), "gain"), bias = tape.leaf(random_tensor({4}, rng), "bias");
-    const Var<double> keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}}));
-    const std::vector<std::size_t> rows{4, 0, 2, 1}, targets{3, 1};
-    const Var<double> a = pow(clamp(shift(scale(X, 0.75), 0.125), 0.25, 2.0), 1.5);            // scale shift clamp pow
-    const Var<double> b = layer_norm(gelu(dropout_with_mask(a, keep, 0.25), GeluForm::erf), gain, bias,
-                                     LayerNormSettings{1e-3});                                  // dropout gelu layer_norm
-    const Var<double> h = tanh(reshape(b, Shape{4, 2}));                                        // reshape
-    const Var<double> q = fused_attention(h, h, h, true, 2, FusedAttentionTiles{3, 2});        // fused_attention
-    // A window and ALiBi over one head, Q [1, 2, 4]: of the changed values, alibi_heads 0 loads
-    // (2 is refused: Q has one head), and windows 0 and 2 load.
-    const Var<double> one_head = split_heads(b, 1);
-    const Var<double> windowed = fused_attention(one_head, one_head, one_head,                  // fused_attention
-                                                 {.pattern = {.causal = true, .window = 1, .alibi_heads = 1}});
-    // Each op whose settings decide its shape feeds a sum only, so that a changed setting the op
-    // accepts gives a graph that still records (the test below changes each setting).
-    const std::vector<Var<double>> terms{
-        sum(concat({b, a}, 1)), sum(slice(b, 1, 0, 2)), sum(embedding(E, rows, 2)),            // concat slice embedding
-        sum(permute(split_heads(b, 2), {0, 2, 1})),                                             // split_heads permute
-        sum(max(q, 1, true)), sum(mean(q, 0, false)), sum(sum(q, 1, true)), sum(logsumexp(q, 0, true)),
-        cross_entropy(b, targets),
-        sum(rms_norm(b, gain, {.epsilon = 1e-3})),                                              // rms_norm
-        sum(repeat_heads(rope(split_heads(b, 2), {.base = 500, .pairing = RopePairing::halves,  // rope repeat_heads
-                                                  .first_position = 5}), 2)),
-        sum(windowed)};
-    Var<double> J = terms[0];
-    for (std::size_t k = 1; k < terms.size(); ++k) J = add(J, terms[k]);
-    return J;
+    const testing::rules::SettingsLeaves leaves{
+        .X = tape.leaf(x, "X"), .E = tape.leaf(random_tensor({5, 4}, rng), "E"),
+        .gain = tape.leaf(random_tensor({4}, rng), "gain"), .bias = tape.leaf(random_tensor({4}, rng), "bias"),
+        .keep = tape.constant(Tensor<double>::matrix({{1, 0, 1, 1}, {1, 1, 0, 1}}), "keep")};
+    return sum_of_settings_samples(leaves, testing::rules::Rules{});
 }
 
 using Json = nlohmann::ordered_json;
