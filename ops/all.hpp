@@ -19,6 +19,7 @@
 #include "ops/gelu.hpp"
 #include "ops/layer_norm.hpp"
 #include "ops/log.hpp"
+#include "ops/log1p.hpp"
 #include "ops/log_softmax.hpp"
 #include "ops/logsumexp.hpp"
 #include "ops/mask.hpp"
@@ -61,7 +62,7 @@ namespace tapegrad {
 /// nowhere else of those.
 using LibraryOps =
     OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
-           LogSoftmax, LogSumExp, Mask, MatMul, MatMulBf16, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
+           Log1p, LogSoftmax, LogSumExp, Mask, MatMul, MatMulBf16, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
            RepeatHeads, Reshape, RmsNorm, Rope, Scale, Shift, Sigmoid, Silu, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum,
            SumAxis, Tanh, Transpose>;
 

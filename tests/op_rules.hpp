@@ -433,6 +433,19 @@ struct LogRule {
     static V record(const Operands<V>& x) { return log(x[0]); }
 };
 
+// ln(1 + a): 1 + a ≥ 0.5, as a divisor's, keeps the k-th derivative (k−1)!/(1 + a)^k within 16 at k = 3.
+struct Log1pRule {
+    static constexpr std::string_view name = "log1p";
+    static bool draw(Drawing& d) {
+        const std::size_t a = d.unary([](const Shape&, const Range& x) { return x.lo >= divisor_margin - 1; });
+        if (a == none) return false;
+        d.range = image(d.range_of(a), [](double v) { return std::log1p(v); });
+        return true;
+    }
+    template <class V>
+    static V record(const Operands<V>& x) { return log1p(x[0]); }
+};
+
 struct SqrtRule {
     static constexpr std::string_view name = "sqrt";
     static bool draw(Drawing& d) {
@@ -1061,7 +1074,7 @@ struct RuleList {
 // clang-format off
 using Rules = RuleList<
     AddRule, SubRule, MulRule, DivRule, AddBiasRule, NegRule, ShiftRule, ScaleRule, ReciprocalRule, ExpRule, LogRule,
-    SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, MatmulBf16Rule, TransposeRule,
+    Log1pRule, SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, MatmulBf16Rule, TransposeRule,
     SoftmaxRule, MaskRule, LogSoftmaxRule, LayerNormRule, FusedAttentionRule, SumRule, SumAxisRule, MeanRule,
     MaxRule, LogsumexpRule, ReshapeRule, ConcatRule, SliceRule, PermuteRule, DropoutRule, DropoutWithMaskRule,
     EmbeddingRule, CrossEntropyRule, SplitHeadsRule, MergeHeadsRule, RmsNormRule, SiluRule, RopeRule,

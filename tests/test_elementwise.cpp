@@ -1,4 +1,4 @@
-// The elementwise functions (ops/exp.hpp, log, sqrt, tanh, sigmoid, abs, pow, clamp): every op
+// The elementwise functions (ops/exp.hpp, log, log1p, sqrt, tanh, sigmoid, abs, pow, clamp): every op
 // through the 50-digit checker and an explicit seed on its own output, on inputs inside its domain
 // and away from its kinks; values against the std:: functions; stability at large |x|; the
 // conventions at kinks and at 0; refused inputs named; and broken VJPs the checker rejects.
@@ -9,6 +9,7 @@
 #include "ops/clamp.hpp"
 #include "ops/exp.hpp"
 #include "ops/log.hpp"
+#include "ops/log1p.hpp"
 #include "ops/pow.hpp"
 #include "ops/sigmoid.hpp"
 #include "ops/sqrt.hpp"
@@ -91,6 +92,7 @@ scalar_of<V> third() {
 const std::vector<OpCase> op_table = {
     row("exp", [](auto in) { return exp(in[0]); }, {0, 3, true}, true),
     row("log", [](auto in) { return log(in[0]); }, {0.5, 2}),
+    row("log1p, both signs", [](auto in) { return log1p(in[0]); }, {0, 0.5, true}),
     row("sqrt", [](auto in) { return sqrt(in[0]); }, {0.5, 2}),
     row("tanh", [](auto in) { return tanh(in[0]); }, {0, 3, true}),
     row("sigmoid", [](auto in) { return sigmoid(in[0]); }, {0, 6, true}),
@@ -143,6 +145,8 @@ const std::vector<double> positives = {1e-3, 0.25, 1, 1.5, 4, 1e3};
 const std::vector<Reference> references = {
     {"exp", [](const auto& x) { return exp(x); }, [](const auto& x) { return exp(x); }, [](double x) { return std::exp(x); }, reals},
     {"log", [](const auto& x) { return log(x); }, [](const auto& x) { return log(x); }, [](double x) { return std::log(x); }, positives},
+    {"log1p", [](const auto& x) { return log1p(x); }, [](const auto& x) { return log1p(x); }, [](double x) { return std::log1p(x); },
+     {-0.999, -0.7, -1e-12, 1e-300, 1e-10, 0.25, 4, 1e300}},
     {"sqrt", [](const auto& x) { return sqrt(x); }, [](const auto& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, positives},
     {"tanh", [](const auto& x) { return tanh(x); }, [](const auto& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, reals},
     {"sigmoid", [](const auto& x) { return sigmoid(x); }, [](const auto& x) { return sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, reals},
@@ -289,6 +293,9 @@ const std::vector<Refusal> refusals = {
     {"log 0", Kind::value, with(with_at(1, 0), [](auto&, auto a) { log(a); }), {"log", "value 0", "(0, 1)", "[2x3]", "not positive"}},
     {"log -1", Kind::value, with(with_at(5, -1), [](auto&, auto a) { log(a); }), {"log", "value -1", "(1, 2)", "[2x3]", "not positive"}},
     {"log -inf", Kind::value, with(with_at(0, -inf), [](auto&, auto a) { log(a); }), {"log", "-inf", "(0, 0)", "not positive"}},
+    {"log1p -1", Kind::value, with(with_at(4, -1), [](auto&, auto a) { log1p(a); }), {"log1p", "value -1", "(1, 1)", "[2x3]", "not above -1"}},
+    {"log1p -2.5", Kind::value, with(with_at(0, -2.5), [](auto&, auto a) { log1p(a); }), {"log1p", "value -2.5", "(0, 0)", "not above -1"}},
+    {"log1p -inf", Kind::value, with(with_at(5, -inf), [](auto&, auto a) { log1p(a); }), {"log1p", "-inf", "(1, 2)", "not above -1"}},
     {"sqrt -1", Kind::value, with(with_at(4, -1), [](auto&, auto a) { sqrt(a); }), {"sqrt", "value -1", "(1, 1)", "[2x3]", "negative"}},
     {"exp overflow", Kind::value, with(with_at(2, 710), [](auto&, auto a) { exp(a); }), {"exp", "710", "(0, 2)", "[2x3]", "overflows"}},
     {"exp +inf", Kind::value, with(with_at(3, inf), [](auto&, auto a) { exp(a); }), {"exp", "inf", "(1, 0)", "overflows"}},
@@ -362,6 +369,16 @@ struct LogWithInverseSquare : Log {
     }
 };
 
+// ln(1 + a)' taken as 1 − a (the first-order series, as if |a| stayed small): right at a = 0 only.
+struct Log1pWithSeries : Log1p {
+    static constexpr std::string_view name = "log1p with 1 - a as its derivative";
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        const Tensor<T>& A = *at.in[0];
+        for (std::size_t k = 0; k < at.G.size(); ++k) dA[k] = at.G[k] * T(1 - A[k]);
+    }
+};
+
 // |a|' taken as 1 (the sign forgotten): right for positive values only.
 struct AbsWithoutSign : Abs {
     static constexpr std::string_view name = "abs without the sign";
@@ -383,6 +400,7 @@ struct ClampPassingEverything : Clamp {
 // The fault controls are driven through their recorded tapes, as every op of the tables: their
 // siblings registered, as a user's op registers them (autodiff/rerun.hpp).
 const bool faults_registered = register_siblings<SigmoidWithYAsDerivative>() && register_siblings<LogWithInverseSquare>() &&
+                               register_siblings<Log1pWithSeries>() &&
                                register_siblings<AbsWithoutSign>() && register_siblings<ClampPassingEverything>();
 
 struct FaultControl {
@@ -404,6 +422,9 @@ const std::vector<FaultControl> controls = {
     {"log: G/A²",
      [](auto& rng) { return check_op_in([](auto in) { return log(in[0]); }, rng, {0.5, 2}, control_shape); },
      [](auto& rng) { return check_op_in([](auto in) { return record_unary<LogWithInverseSquare>(in[0]); }, rng, {0.5, 2}, control_shape); }},
+    {"log1p: G·(1 − A)",
+     [](auto& rng) { return check_op_in([](auto in) { return log1p(in[0]); }, rng, {0, 0.5, true}, control_shape); },
+     [](auto& rng) { return check_op_in([](auto in) { return record_unary<Log1pWithSeries>(in[0]); }, rng, {0, 0.5, true}, control_shape); }},
     {"abs: G",
      [](auto& rng) { return check_op_in([](auto in) { return abs(in[0]); }, rng, {0, 2, true, {0}}, control_shape); },
      [](auto& rng) { return check_op_in([](auto in) { return record_unary<AbsWithoutSign>(in[0]); }, rng, {0, 2, true, {0}}, control_shape); }},
@@ -434,4 +455,32 @@ BOOST_AUTO_TEST_CASE(broken_vjps_are_rejected_where_the_correct_ones_pass) {
                                             << " derivatives wrong, max_error_mp " << broken.max_error_mp);
         }
     }
+}
+
+// Why log1p is an op: at |a| far below u, 1 + a rounds and log(1 + a) loses the digits log1p keeps.
+// At a = 1e-10 in double, 1 + a is off by up to u = 1.1e-16 absolute, 1.1e-6 relative to a, so
+// log(shift(a, 1)) is off by about 1e-7 relative (it is 8.3e-8 here, fixed by the rounding of
+// 1 + 1e-10); log1p agrees with std::log1p bit for bit (the double tape calls it) and, on the
+// 50-digit tape, with the series a − a²/2 + ... − a⁶/6 to 1e-48 relative (the first term left out,
+// a⁷/7, is 1.4e-61 relative; the 50-digit unit roundoff is about 1e-50, and a few roundings of the
+// series and of log1p stay below 1e-49). Its gradient 1/(1 + a) is right to the same bound.
+BOOST_AUTO_TEST_CASE(log1p_keeps_the_digits_log_of_one_plus_a_loses) {
+    const double a = 1e-10;
+    Tape<double> tape;
+    const Var<double> x = tape.leaf(Tensor<double>(Shape{1}, std::vector<double>{a}), "a");
+    const double exact = log1p(x).value()[0], composed = log(shift(x, 1.0)).value()[0];
+    BOOST_TEST(exact == std::log1p(a));
+    BOOST_TEST(std::abs(composed - exact) / exact > 1e-8);  // the composition's loss is real
+    Tape<mp50> wide;
+    const mp50 w = mp50(1) / mp50(10000000000);  // 1e-10 to 50 digits
+    const Var<mp50> X = wide.leaf(Tensor<mp50>(Shape{1}, std::vector<mp50>{w}), "a");
+    const Var<mp50> Y = log1p(X);
+    mp50 series = 0, power = 1;
+    for (int k = 1; k <= 6; ++k) {
+        power *= w;
+        series += (k % 2 == 1 ? power : mp50(-power)) / k;
+    }
+    BOOST_TEST(to_double(abs(Y.value()[0] - series) / series) < 1e-48);
+    wide.backward(Y);
+    BOOST_TEST(to_double(abs(X.grad()[0] - mp50(1) / (1 + w))) < 1e-48);
 }
