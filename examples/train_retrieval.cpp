@@ -52,11 +52,13 @@ int main(int argc, char** argv) {
 
         RetrievalTrainer trainer(config, AdamSettings{.learning_rate = 1e-2});
         if (printing) {
+            // The thread count as the pool has it (the third argument, or one per core): the line
+            // says what the run used (tests/cli's option_retrieval_threads reads it).
             fmt::print("retrieval task: {} pairs, {} keys, {} values (chance {:.1f}%), D = {}, {} heads, batch {}, {} "
-                       "kernel, {} process{}\n",
+                       "kernel, {} thread(s) per process, {} process{}\n",
                        config.pairs, config.keys, config.values, 100.0 / static_cast<double>(config.values),
-                       config.width, config.heads, plan.batch_size, attention_kernel_name(config.kernel), worker.workers,
-                       worker.workers == 1 ? "" : "es");
+                       config.width, config.heads, plan.batch_size, attention_kernel_name(config.kernel), thread_count(),
+                       worker.workers, worker.workers == 1 ? "" : "es");
         }
         double running = 0;
         const auto print_every_50 = [&](std::size_t step, double loss) {
