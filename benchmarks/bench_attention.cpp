@@ -420,7 +420,8 @@ int main(int argc, char** argv) {
                                                      "gradcheck"};
     for (const std::string& part : parts) {
         if (std::find(known.begin(), known.end(), part) == known.end()) {
-            fmt::print(stderr, "bench_attention: unknown part '{}' (parts: {})\n", part, fmt::join(known, ", "));
+            fmt::print(stderr, "bench_attention: unknown part '{}' (usage: bench_attention [{}]...)\n", part,
+                       fmt::join(known, "|"));
             return 2;  // a bad command line, as in every program of the project (tools/options.hpp)
         }
     }

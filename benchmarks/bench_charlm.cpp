@@ -177,12 +177,15 @@ int main(int argc, char** argv) {
     try {  // numbers read the way every program of the project reads them (tools/options.hpp)
         for (int a = 1; a < argc; ++a) {
             const std::string argument = argv[a];
+            if ((argument == "--steps-per-round" || argument == "--rounds") && a + 1 == argc) {
+                throw cli::usage_error(fmt::format("{} needs a number", argument));
+            }
             if (argument == "--per-round") {
                 rounds.per_round = true;
-            } else if (argument == "--steps-per-round" && a + 1 < argc) {
+            } else if (argument == "--steps-per-round") {
                 rounds.steps_per_round =
                     cli::integer_argument("--steps-per-round", argv[++a], std::size_t{1}, std::size_t{1000});
-            } else if (argument == "--rounds" && a + 1 < argc) {
+            } else if (argument == "--rounds") {
                 rounds.rounds = cli::integer_argument("--rounds", argv[++a], std::size_t{1}, std::size_t{100000});
             } else {
                 throw cli::usage_error(fmt::format("unknown argument '{}'", argv[a]));

@@ -12,6 +12,7 @@
 #include "tapegrad.hpp"
 #include "host.hpp"
 #include "timing.hpp"
+#include "tools/options.hpp"
 
 #include <fmt/format.h>
 
@@ -172,7 +173,13 @@ void bench_hvp_check(std::size_t T, std::size_t D, std::size_t d, std::mt19937_6
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    // No options: its sizes are fixed. An argument is a mistake (a `--rounds 1` meant for another
+    // benchmark), refused as a bad command line rather than ignored by a run of the full benchmark.
+    if (argc > 1) {
+        fmt::print(stderr, "bench_hvp: takes no arguments, got '{}' (usage: bench_hvp)\n", argv[1]);
+        return cli::exit_usage;
+    }
     tapegrad::timing::keep_freed_memory();  // before any contender allocates (timing.hpp says why)
 #ifdef TAPEGRAD_HAVE_TORCH
     torch::set_num_threads(1);

@@ -439,7 +439,16 @@ std::optional<Options> parse(int argc, char** argv) {
          "sequences per step B (at least 2: the two-thread lines cut it in two)");
     // clang-format on
     po::variables_map values;
-    po::store(po::parse_command_line(argc, argv, description), values);
+    const po::parsed_options parsed = po::parse_command_line(argc, argv, description);
+    // A word that is no option ("bench_llama 8") is a positional token, which po::store ignores
+    // without a word: refused here, so that no mistyped line runs the full benchmark.
+    for (const po::option& option : parsed.options) {
+        if (option.position_key >= 0) {
+            throw cli::usage_error(fmt::format("unexpected argument '{}': bench_llama takes options only",
+                                               option.original_tokens.front()));
+        }
+    }
+    po::store(parsed, values);
     if (values.count("help")) {
         std::cout << description << "\n";
         return std::nullopt;

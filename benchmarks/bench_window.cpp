@@ -277,8 +277,8 @@ int main(int argc, char** argv) {
     torch::set_num_threads(1);
 #endif
     timing::print_host_line();
-    fmt::print("# grouped-query attention, causal sliding window + ALiBi, forward + backward, one thread; "
-               "ratio = the faster LibTorch path's median time over tapegrad's\n");
+    fmt::print("# grouped-query attention, causal sliding window + ALiBi, forward + backward, one thread, "
+               "median of {} rounds; ratio = the faster LibTorch path's median time over tapegrad's\n", rounds);
     for (const std::size_t T : sizes) {
         if (dtype != "float64") compare<float>({T, window}, rounds);
         if (dtype != "float32") compare<double>({T, window}, rounds);
