@@ -2,7 +2,7 @@
 /// fmt support for tapegrad: `fmt::format("{}", tensor)` prints nested rows like Python lists,
 /// `[[0.75, 0.25], [0.25, 0.75]]`; `{:.6}` sets the significant digits. Works for float, double
 /// and the multiprecision types. Without a precision every value prints so that it reads back
-/// exactly: shortest round-trip form for float/double, max_digits10 digits (52 for mp50) for
+/// exactly: shortest round-trip form for float/double, max_digits10 digits (53 for mp50) for
 /// multiprecision types. `{:.0}` is the same as no precision.
 /// Shapes print as "[2x3]".
 #pragma once
