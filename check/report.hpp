@@ -246,7 +246,9 @@ struct SecondOrderReport {
     bool passed = true;
     std::uint64_t seed = 0;
     std::size_t directions = 0;
-    std::size_t compared = 0;  ///< derivatives compared (entries of J·t or H·v, per direction and precision)
+    /// Comparisons made: each entry of J·t or H·v once per direction, step and precision, and (jvp)
+    /// the transpose identity once per direction.
+    std::size_t compared = 0;
     std::size_t failures = 0;
     double max_error_mp = 0;      ///< 50-digit dual tape vs 50-digit differences
     double max_error_double = 0;  ///< double dual tape vs 50-digit differences (0 when not run)
