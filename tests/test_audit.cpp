@@ -726,6 +726,11 @@ BOOST_AUTO_TEST_CASE(misuse_is_refused_by_name) {
     const Var<float> J_other = sum(other.leaf(Tensor<float>(Shape{2}, 1.0f)));
     BOOST_CHECK_EXCEPTION(audit_precision(tape, J_other), usage_error,
                           message("audit_precision: J is not a value of this tape"));
+    // The estimate refuses the same misuse by its own name (a survivor of scripts/mutate: its
+    // check dropped, the estimate ran on another tape's J).
+    BOOST_CHECK_EXCEPTION(estimate_precision(tape, Y), shape_error, message("estimate_precision: J must hold one element"));
+    BOOST_CHECK_EXCEPTION(estimate_precision(tape, J_other), usage_error,
+                          message("estimate_precision: J is not a value of this tape"));
 }
 
 // The Monte Carlo estimate (no 50 digits) against the audit's 50-digit truth, where both run: the

@@ -26,6 +26,9 @@
 // | bad_value_text | each value and real setting's text replaced by "1.5", "nan",  | the value or setting, and   |
 // |                | "0x1p+0", "", "1p+99999" and a text the tape's scalar cannot  | why                         |
 // |                | hold exactly ("1.0000000000001p+0" for float32)               |                             |
+// | wrong_kind     | each node's shape replaced by 4, "2x3", {} and null; each     | is not an array of          |
+// |                | true/false setting by "true", 1 and null; each choice setting | dimensions, is not true or  |
+// |                | (gelu's form, rope's pairing) by an unknown name and by 1     | false, is not "a" or "b"    |
 //
 // The only equivalent damage is an empty "settings" object on an op that has no settings. The base
 // documents are small (one op node and its inputs), so that each of the tens of thousands of
@@ -194,9 +197,9 @@ Members inserted(Members members, std::size_t place, std::string key, std::strin
 
 // ---- the damage ----
 
-enum class Kind { duplicate_key, misplaced_key, missing_key, bad_number, empty_size, bad_value_text };
-constexpr std::array<std::string_view, 6> kind_names{"duplicate_key", "misplaced_key", "missing_key",
-                                                     "bad_number",    "empty_size",    "bad_value_text"};
+enum class Kind { duplicate_key, misplaced_key, missing_key, bad_number, empty_size, bad_value_text, wrong_kind };
+constexpr std::array<std::string_view, 7> kind_names{"duplicate_key", "misplaced_key",  "missing_key", "bad_number",
+                                                     "empty_size",    "bad_value_text", "wrong_kind"};
 
 // One damaged document: the base with the value at `at` written as `raw`.
 struct Case {
@@ -432,6 +435,43 @@ void bad_numbers_in(const Json& doc, const Sink& emit) {
     }
 }
 
+// Each value replaced by one of another JSON kind, where the loader reads a kind of its own: every
+// node's "shape" by a number, a string, an object and null ("is not an array of dimensions"); every
+// true/false setting by a string, a number and null ("is not true or false"); every choice setting
+// (gelu's form, rope's pairing) by an unknown name and a number, refused with each of its names.
+void wrong_kinds(const Json& doc, const Sink& emit) {
+    const Json& nodes = doc["nodes"];
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+        const Json& node = nodes[i];
+        for (const std::string_view raw : {"4", "\"2x3\"", "{}", "null"}) {
+            emit({Kind::wrong_kind, fmt::format("node {} shape = {}", i, raw), &node["shape"], std::string(raw), i,
+                  {"\"shape\" is not an array of dimensions"}});
+        }
+        if (node["node"] != "op" || !node.contains("settings")) continue;
+        const SettingsValue schema = detail::find_saved_op(node["op"].get<std::string>())->form<double>().schema();
+        for (const SettingsEntry& field : std::get<std::vector<SettingsEntry>>(schema)) {
+            const std::string name(field.name);
+            if (!node["settings"].contains(name)) continue;
+            const Json& at = node["settings"][name];
+            if (std::holds_alternative<bool>(field.value)) {
+                for (const std::string_view raw : {"\"true\"", "1", "null"}) {
+                    emit({Kind::wrong_kind, fmt::format("node {} setting {} = {}", i, name, raw), &at, std::string(raw), i,
+                          {fmt::format("setting \"{}\" is not true or false", name)}});
+                }
+            } else if (const auto* choice = std::get_if<SettingsChoice>(&field.value)) {
+                std::vector<std::string> quoted;
+                for (const std::string_view n : choice->names) quoted.push_back(fmt::format("\"{}\"", n));
+                const std::string names = quoted.size() == 2 ? fmt::format("{} or {}", quoted[0], quoted[1])
+                                                             : fmt::format("{}", fmt::join(quoted, ", "));
+                for (const std::string_view raw : {"\"none\"", "1"}) {
+                    emit({Kind::wrong_kind, fmt::format("node {} setting {} = {}", i, name, raw), &at, std::string(raw), i,
+                          {fmt::format("setting \"{}\" is not {}", name, names)}});
+                }
+            }
+        }
+    }
+}
+
 // What the op's own check says of each settings array made empty (reshape's "shape", permute's
 // "axes", embedding's "indices", cross_entropy's "targets"); another array is held to its op's name.
 const std::map<std::string, std::string> empty_array_words{{"shape", "into []"},
@@ -605,8 +645,8 @@ void run(const Base& base, const Case& c, Tally& tally) {
 
 // Lower bounds of each kind's count, from the documents alone (not from the generator), so that a
 // generator that silently generates nothing of a kind fails.
-std::array<std::size_t, 6> floors(const std::vector<Base>& bases) {
-    std::array<std::size_t, 6> floor{};
+std::array<std::size_t, 7> floors(const std::vector<Base>& bases) {
+    std::array<std::size_t, 7> floor{};
     for (const Base& base : bases) {
         const Json& nodes = base.doc["nodes"];
         floor[std::size_t(Kind::duplicate_key)] += 5 * 6 + nodes.size() * 3 * 4;  // every node has 3 keys or more
@@ -621,6 +661,7 @@ std::array<std::size_t, 6> floors(const std::vector<Base>& bases) {
         floor[std::size_t(Kind::bad_number)] += bad_numbers.size() * integers;
         floor[std::size_t(Kind::empty_size)] += 1 + dims + nodes.size();
         floor[std::size_t(Kind::bad_value_text)] += 5 * values;
+        floor[std::size_t(Kind::wrong_kind)] += 4 * nodes.size();
     }
     return floor;
 }
@@ -652,7 +693,7 @@ BOOST_AUTO_TEST_CASE(every_damage_at_every_position_is_refused_by_name_or_loads_
                "unexpected node kinds: " << testing::missing_names(kinds, expected_kinds));
 
     const std::map<std::string, Json> universe = key_universe(bases);
-    std::array<Tally, 6> tallies{};
+    std::array<Tally, 7> tallies{};
     for (const Base& base : bases) {
         const Sink emit = [&](Case c) {
             Tally& tally = tallies[std::size_t(c.kind)];
@@ -667,9 +708,10 @@ BOOST_AUTO_TEST_CASE(every_damage_at_every_position_is_refused_by_name_or_loads_
         bad_numbers_in(base.doc, emit);
         empty_sizes(base.doc, emit);
         bad_value_texts(base.doc, base.float32, emit);
+        wrong_kinds(base.doc, emit);
     }
 
-    const std::array<std::size_t, 6> floor = floors(bases);
+    const std::array<std::size_t, 7> floor = floors(bases);
     std::size_t total = 0;
     for (std::size_t k = 0; k < tallies.size(); ++k) {
         const Tally& t = tallies[k];
@@ -734,6 +776,15 @@ void expect_value_texts(std::string_view scalar) {
     if constexpr (sizeof(T) == 4) {
         loads_as("1.000002p+0", T(1) + limits::epsilon());
         refused("1.000001p+0", inexact);  // 1 + 2^-24: one bit below float's precision
+        // Each letter digit in either case, last at 2^-24: an even one ends at 2^-23 (exact), an odd
+        // one needs 2^-24 (inexact), so the exactness test must read each letter's own value.
+        for (int d = 10; d < 16; ++d) {
+            for (const char first : {'a', 'A'}) {
+                const std::string text = fmt::format("1.00000{}p+0", char(first + d - 10));
+                if (d % 2 == 0) loads_as(text, T(1) + T(d / 2) * limits::epsilon());
+                else refused(text, inexact);
+            }
+        }
         refused("1.000001p-126", inexact);
         beyond("1.8p-149");                                       // 1.5 times the smallest subnormal
         beyond("1.fffffe8p+127");                                 // half a bit above the largest float
