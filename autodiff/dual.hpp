@@ -26,6 +26,28 @@
 
 namespace tapegrad {
 
+/// Whether x is exactly zero: Dual's strong zero below. An interval gives its own (exactly the
+/// point 0, never an ambiguous comparison: autodiff/interval.hpp), found by argument-dependent lookup.
+template <class T>
+bool exactly_zero(const T& x) {
+    return x == T(0);
+}
+
+/// Whether `candidate` replaces `current` as the maximum a row subtracts before exp (softmax,
+/// log_softmax, logsumexp, fused attention): a shift that changes the rounding, never the function,
+/// so which of two equal values wins is no branch of it. An interval picks by midpoints without
+/// logging the tie as one (autodiff/interval.hpp); a dual by its values.
+template <class T>
+bool shift_prefers(const T& candidate, const T& current) {
+    return candidate > current;
+}
+
+/// max(a, b) for such a shift.
+template <class T>
+T shift_max(const T& a, const T& b) {
+    return shift_prefers(b, a) ? b : a;
+}
+
 template <class T>
 class Dual {
 public:
@@ -72,6 +94,9 @@ public:
     Dual& operator/=(const Dual& b) { return *this = *this / b; }
 
     friend bool operator==(const Dual& a, const Dual& b) { return a.v_ == b.v_; }
+    friend bool shift_prefers(const Dual& candidate, const Dual& current) {
+        return shift_prefers(candidate.v_, current.v_);
+    }
     friend bool operator!=(const Dual& a, const Dual& b) { return a.v_ != b.v_; }
     friend bool operator<(const Dual& a, const Dual& b) { return a.v_ < b.v_; }
     friend bool operator>(const Dual& a, const Dual& b) { return a.v_ > b.v_; }
@@ -164,7 +189,7 @@ public:
         using std::pow;
         const T y = pow(a.v_, b.v_);
         T t = scaled(a.t_, T(b.v_ * T(pow(a.v_, T(b.v_ - 1)))));
-        if (b.t_ != T(0)) t += b.t_ * y * T(log(a.v_));
+        if (!exactly_zero(b.t_)) t += b.t_ * y * T(log(a.v_));
         return {y, t};
     }
     friend Dual max(const Dual& a, const Dual& b) { return a < b ? b : a; }
@@ -186,7 +211,7 @@ public:
 
 private:
     /// tangent·factor, exactly zero when the tangent is zero (whatever the factor: ±inf included).
-    static T scaled(const T& tangent, const T& factor) { return tangent == T(0) ? T(0) : T(tangent * factor); }
+    static T scaled(const T& tangent, const T& factor) { return exactly_zero(tangent) ? T(0) : T(tangent * factor); }
     /// √π in T's precision (π as 4·atan(1): correctly rounded for double, 50 digits for mp50).
     static T sqrt_pi() {
         using std::atan;

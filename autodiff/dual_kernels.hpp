@@ -40,7 +40,7 @@ bool split(const Dual<T>* x, std::size_t n, std::vector<T>& values, std::vector<
             tangents[k] = x[k].tangent();
         }
     }
-    return std::any_of(tangents.begin(), tangents.end(), [](const T& t) { return t != T(0); });
+    return std::any_of(tangents.begin(), tangents.end(), [](const T& t) { return !exactly_zero(t); });  // as Dual's strong zero
 }
 
 /// C[x] = (values[x], tangents[x]), or C[x] += that when accumulate.

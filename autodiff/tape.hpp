@@ -94,6 +94,23 @@ struct NodeInfo {
     std::string settings;  ///< the op's settings as text (`c=0.125`), empty for a leaf or an op without settings
 };
 
+/// Which node is computing, for a scalar type that wants to know: when `NodeContext<T>` is defined
+/// with static `enter(node, in_vjp)` and `leave()`, the tape calls them around each op's forward and
+/// each node's VJPs (an interval's ambiguous comparison is then named by its node, and one made
+/// outside every op, an argument check, told apart: autodiff/interval.hpp). For every other type the
+/// primary template stays undefined and the tape compiles no call.
+template <class T>
+struct NodeContext;
+
+template <class T>
+inline void enter_node(std::uint32_t node, bool in_vjp) {
+    if constexpr (requires { NodeContext<T>::enter(node, in_vjp); }) NodeContext<T>::enter(node, in_vjp);
+}
+template <class T>
+inline void leave_node() {
+    if constexpr (requires { NodeContext<T>::leave(); }) NodeContext<T>::leave();
+}
+
 /// Scratch space for Tape::replay; one per thread.
 template <Scalar T>
 struct ReplayWorkspace {
@@ -166,8 +183,10 @@ public:
         const std::uint32_t index = static_cast<std::uint32_t>(used_ - 1);
         std::array<const Tensor<T>*, max_arity> values{};
         gather_inputs(nodes_[index], values);
+        enter_node<T>(index, false);
         nodes_[index].kind->forward(nodes_[index].settings, std::span(values.data(), nodes_[index].arity),
                                     nodes_[index].value, nodes_[index].saved);
+        leave_node<T>();
         check_no_nan(nodes_[index].value, Op::name, "its output");
         return handle(index);
     }
@@ -565,7 +584,9 @@ void Tape<T>::pass_gradient(std::uint32_t i) {
     std::array<const Tensor<T>*, max_arity> values{};
     gather_inputs(node, values);
     const VjpArgs<T> at{Inputs<T>(values.data(), node.arity), node.value, node.saved, node.grad};
+    enter_node<T>(i, true);
     node.kind->vjp_all(node.settings, at, std::span<Tensor<T>* const>(grads.data(), node.arity));
+    leave_node<T>();
     for (std::uint32_t slot = 0; slot < node.arity; ++slot) {
         if (grads[slot] != nullptr) accumulate(node.inputs[slot], i, slot, *grads[slot]);
     }

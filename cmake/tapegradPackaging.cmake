@@ -42,6 +42,9 @@ set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 # compiled into the kernels), so libeigen3-dev is not needed.
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS
     "${tapegrad_runtime_package} (= ${PROJECT_VERSION}), libboost-dev (>= 1.74), libfmt-dev")
+# Certified gradients (check/certify.hpp, tapegrad::certify, tapegrad-certify.pc) need MPFI; a
+# consumer that never certifies does not, so it is suggested, not required.
+set(CPACK_DEBIAN_DEV_PACKAGE_SUGGESTS "libmpfi-dev, libmpfr-dev")
 set(CPACK_COMPONENT_DEV_DESCRIPTION
     "tapegrad: reverse-mode autodiff for attention graphs (development files)\nHeaders, the static library, the CMake package config (find_package(tapegrad))\nand the pkg-config file (pkg-config tapegrad).")
 

@@ -42,7 +42,7 @@ LogPartition<T> log_partition(std::string_view op, const Tensor<T>& S, std::size
                                           to_double(scores[k]), index_string(S.shape(), row * n + k),
                                           S.shape().to_string()));
         }
-        if (scores[k] > largest) largest = scores[k];
+        if (shift_prefers(scores[k], largest)) largest = scores[k];  // (a shift: autodiff/dual.hpp)
     }
     T Z(0);
     for (std::size_t k = 0; k < n; ++k) {

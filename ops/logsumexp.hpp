@@ -48,7 +48,7 @@ struct LogSumExp {
                 throw value_error(fmt::format("logsumexp: element {} at {} of shape {}; elements must be finite or -inf",
                                               to_double(X[k]), index_string(X.shape(), k), X.shape().to_string()));
             }
-            if (X[k] > largest) largest = X[k];
+            if (shift_prefers(X[k], largest)) largest = X[k];  // (a shift: autodiff/dual.hpp)
         }
         return largest;
     }

@@ -52,7 +52,7 @@ struct Softmax {
                                               to_double(scores[j]), index_string(S.shape(), r * n + j),
                                               S.shape().to_string()));
             }
-            if (scores[j] > row_max) row_max = scores[j];
+            if (shift_prefers(scores[j], row_max)) row_max = scores[j];  // (a shift: autodiff/dual.hpp)
         }
         return row_max;
     }

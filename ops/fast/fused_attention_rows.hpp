@@ -52,7 +52,7 @@ T max_of(const T* x, std::size_t n, const T& start) {
         return n == 0 ? start : std::max(start, op_kernels<T>().max_of(x, n));
     } else {
         T best = start;
-        for (std::size_t k = 0; k < n; ++k) best = std::max(best, x[k]);
+        for (std::size_t k = 0; k < n; ++k) best = shift_max(best, x[k]);  // (a shift: autodiff/dual.hpp)
         return best;
     }
 }
