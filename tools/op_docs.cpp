@@ -102,13 +102,12 @@ struct Header {
     std::string file;  // "ops/silu.hpp"
     std::vector<std::string> comment;
     std::vector<std::string> declarations;  // each a block of lines
-    std::vector<std::string> functions;     // the public functions' names, in order, once each
 };
 
 // The header's public functions (`Var<T> name(...)` at the start of a line, up to its `{` or `;`;
 // the `record_` helpers are the library's own), its enums and its `...Settings` structs.
 Header read_header(const fs::path& source_dir, const std::string& file) {
-    Header h{file, {}, {}, {}};
+    Header h{file, {}, {}};
     const std::vector<std::string> lines = lines_of(read_text(source_dir / file));
     std::size_t k = 0;
     for (; k < lines.size() && lines[k].starts_with("///"); ++k) {
@@ -125,8 +124,6 @@ Header read_header(const fs::path& source_dir, const std::string& file) {
             if (signature.ends_with(" {")) signature.resize(signature.size() - 2);
             if (signature.ends_with(";")) continue;  // a forward declaration: its own header gives it
             h.declarations.push_back(signature);
-            if (std::find(h.functions.begin(), h.functions.end(), m[1].str()) == h.functions.end())
-                h.functions.push_back(m[1].str());
         } else if (std::regex_search(lines[k], block)) {
             std::string text = lines[k];
             while (lines[k] != "};" && k + 1 < lines.size()) text += "\n" + lines[++k];
