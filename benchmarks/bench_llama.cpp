@@ -439,16 +439,7 @@ std::optional<Options> parse(int argc, char** argv) {
          "sequences per step B (at least 2: the two-thread lines cut it in two)");
     // clang-format on
     po::variables_map values;
-    const po::parsed_options parsed = po::parse_command_line(argc, argv, description);
-    // A word that is no option ("bench_llama 8") is a positional token, which po::store ignores
-    // without a word: refused here, so that no mistyped line runs the full benchmark.
-    for (const po::option& option : parsed.options) {
-        if (option.position_key >= 0) {
-            throw cli::usage_error(fmt::format("unexpected argument '{}': bench_llama takes options only",
-                                               option.original_tokens.front()));
-        }
-    }
-    po::store(parsed, values);
+    po::store(cli::options_only(argc, argv, description, "bench_llama"), values);  // a stray word refused
     if (values.count("help")) {
         std::cout << description << "\n";
         return std::nullopt;

@@ -179,7 +179,7 @@ double relative_gap(const Tensor<double>& a, const Tensor<double>& b) {
     return gap / std::max(scale, std::numeric_limits<double>::min());
 }
 
-double worst_gap(const Result& a, const Result& b) {
+[[maybe_unused]] double worst_gap(const Result& a, const Result& b) {  // (used only against LibTorch)
     return std::max({relative_gap(a.O, b.O), relative_gap(a.dQ, b.dQ), relative_gap(a.dK, b.dK),
                      relative_gap(a.dV, b.dV)});
 }
@@ -200,7 +200,7 @@ double peak_mib(const std::function<void()>& work) {
 template <class T>
 void compare(const Sizes& s, std::size_t rounds) {
     const std::string_view dtype = std::is_same_v<T, float> ? "float32" : "float64";
-    const double tolerance = std::is_same_v<T, float> ? 1e-3 : 1e-10;
+    [[maybe_unused]] const double tolerance = std::is_same_v<T, float> ? 1e-3 : 1e-10;  // (against LibTorch)
     const Draw d = draw(s);
     TapegradContender<T> ours(d, s);
     std::vector<std::string> names{"tapegrad"};

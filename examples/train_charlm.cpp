@@ -181,7 +181,7 @@ std::optional<RunOptions> parse(int argc, char** argv) {
         ("save-tape", po::value(&r.save_tape), "with --check-step or --audit-step: save the step's tape to this file "
                                                "first (io/tape_file.hpp; check it anywhere with tapegrad-check --tape)");
     po::variables_map values;
-    po::store(po::parse_command_line(argc, argv, description), values);
+    po::store(cli::options_only(argc, argv, description, "train_charlm"), values);
     if (values.count("help")) {
         std::cout << description << "\n";
         return std::nullopt;

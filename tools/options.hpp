@@ -168,6 +168,21 @@ Int integer_argument(std::string_view name, std::string_view text, Int least,
     throw usage_error(fmt::format("{} must be {}, got '{}'", name, detail::allowed_integers(least, most), text));
 }
 
+// The command line parsed for a program that takes options only: a word that is no option
+// (`train_charlm stray --steps 1`, `bench_llama 8`) is a positional token, which po::store drops
+// without a word, so a mistyped line would run as if it were not there: refused here, by name.
+inline po::parsed_options options_only(int argc, const char* const* argv, const po::options_description& options,
+                                       std::string_view program) {
+    po::parsed_options parsed = po::parse_command_line(argc, argv, options);
+    for (const po::option& option : parsed.options) {
+        if (option.position_key >= 0) {
+            throw usage_error(fmt::format("unexpected argument '{}': {} takes options only", option.original_tokens.front(),
+                                          program));
+        }
+    }
+    return parsed;
+}
+
 // Bytes the machine can give a new allocation now without swapping: /proc/meminfo's MemAvailable,
 // or the free physical pages (sysconf) where that file is missing.
 inline std::uint64_t available_memory() {

@@ -7,6 +7,8 @@
 #include "io/npy.hpp"
 #include "tapegrad.hpp"
 
+#include "tools/options.hpp"
+
 #include <boost/program_options.hpp>
 #include <fmt/format.h>
 #include <fmt/ostream.h>
@@ -200,7 +202,7 @@ int main(int argc, char** argv) {
         ("fast", "with --check: random directional derivatives instead of every coordinate");
     po::variables_map options;
     try {
-        po::store(po::parse_command_line(argc, argv, visible), options);
+        po::store(cli::options_only(argc, argv, visible, "tapegrad-attention"), options);
         po::notify(options);
         if (options.count("help")) {
             fmt::print("{}\n", fmt::streamed(visible));

@@ -141,7 +141,7 @@ std::optional<Settings> parse(int argc, char** argv) {
         "ops", po::value(&s.ops)->composing(),
         "load a user's ops from this shared library before loading --tape (repeatable; autodiff/registry.hpp, load_ops)");
     po::variables_map values;
-    po::store(po::parse_command_line(argc, argv, options), values);
+    po::store(cli::options_only(argc, argv, options, "tapegrad-audit"), values);
     if (values.count("help")) {
         fmt::print("{}\n", fmt::streamed(options));
         return std::nullopt;
