@@ -267,8 +267,11 @@ struct NodeContext<Dual<Interval>> : NodeContext<Interval> {};
 
 }  // namespace tapegrad
 
+/// \cond
+// The limits of an interval's endpoints (Boost's MPFR at 50 digits), as points.
+namespace std {
 template <>
-class std::numeric_limits<tapegrad::Interval> {
+class numeric_limits<tapegrad::Interval> {
     using limits = std::numeric_limits<tapegrad::mpfr50>;
 
 public:
@@ -303,3 +306,5 @@ public:
 private:
     static tapegrad::Interval point(const tapegrad::mpfr50& x) { return tapegrad::Interval(x, x); }
 };
+}  // namespace std
+/// \endcond
