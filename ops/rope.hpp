@@ -144,6 +144,12 @@ Var<T> rope(const Var<T>& X, RopeSettings settings = {}) {
     if (settings.pairing != RopePairing::interleaved && settings.pairing != RopePairing::halves) {
         throw value_error(fmt::format("rope: pairing {} is neither interleaved nor halves", int(settings.pairing)));
     }
+    // A position is an index into a sequence a tensor holds, so at most max_elements: beyond it a
+    // saved tape would hold a setting its loader refuses (docs/tape-file.md), so it is refused here.
+    if (settings.first_position > max_elements) {
+        throw value_error(fmt::format("rope: first_position {} is above {}, the most elements a tensor holds (X is {})",
+                                      settings.first_position, max_elements, x.to_string()));
+    }
     return X.tape().template record<Rope>(
         {X}, Rope::Settings<T>{T(settings.base), settings.pairing, settings.first_position});
 }

@@ -319,6 +319,11 @@ BOOST_AUTO_TEST_CASE(bad_inputs_name_the_op_and_the_fault) {
     BOOST_TEST(mentions(message_of<value_error>([&] { rope(X, {.base = 0.0}); }), "rope: base 0 must be positive and finite"));
     BOOST_TEST(mentions(message_of<value_error>([&] { rope(X, {.base = std::numeric_limits<double>::infinity()}); }), "rope: base inf"));
     BOOST_TEST(mentions(message_of<value_error>([&] { rope(X, {.pairing = RopePairing(7)}); }), "rope: pairing 7 is neither"));
+    // The last position a saved tape can hold is taken, the next one refused (a tape saved with it
+    // would not load: setting "first_position" ... above 1099511627776).
+    BOOST_TEST((rope(X, {.first_position = max_elements}).shape() == X.shape()));
+    BOOST_TEST(mentions(message_of<value_error>([&] { rope(X, {.first_position = max_elements + 1}); }),
+                        "rope: first_position 1099511627777 is above 1099511627776"));
     BOOST_TEST(mentions(message_of<shape_error>([&] { repeat_heads(X, 2); }), "repeat_heads: X must be [..., H_kv, T, d] (rank 3 or more), got [2x4]"));
     const Var<double> heads = tape.leaf(Tensor<double>(Shape{2, 2, 3}, 0.5));
     BOOST_TEST(mentions(message_of<shape_error>([&] { repeat_heads(heads, 0); }), "repeat_heads: groups must be at least 1"));
