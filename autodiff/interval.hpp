@@ -52,13 +52,12 @@ using mpfi50 = boost::multiprecision::number<boost::multiprecision::mpfi_float_b
 using mpfr50 = boost::multiprecision::number<boost::multiprecision::mpfr_float_backend<50>,
                                              boost::multiprecision::et_off>;
 
-/// One ambiguous comparison: the operator, the two intervals (20-digit text), and the node whose
-/// forward or VJP made it, as the tape said (NodeContext below; `node_known` false outside a tape).
+/// One ambiguous comparison made inside an op: the operator, the two intervals (20-digit text), and
+/// the node whose forward or VJP made it, as the tape said (NodeContext below).
 struct IntervalAmbiguity {
     std::string comparison;  ///< "<", "<=", ">", ">=", "==", "!="
     std::string left, right;
     std::uint32_t node = 0;
-    bool node_known = false;
     bool in_vjp = false;
 };
 
@@ -230,7 +229,7 @@ private:
                 ++state.log.outside_ops;
             } else {
                 if (state.log.first.size() < IntervalAmbiguityLog::kept)
-                    state.log.first.push_back({comparison, a.text(), b.text(), state.node.load(), true, state.in_vjp.load()});
+                    state.log.first.push_back({comparison, a.text(), b.text(), state.node.load(), state.in_vjp.load()});
                 ++state.log.count;
             }
         }

@@ -73,12 +73,10 @@ namespace detail {
 /// The first ambiguity of `log`, named with the node (its op from `tape`) and the pass.
 template <class T>
 std::string describe_ambiguity(const IntervalAmbiguityLog& log, const Tape<T>& tape, std::string_view pass) {
-    const IntervalAmbiguity& a = log.first.front();
-    const std::string where = a.node_known && a.node < tape.size()
-                                  ? fmt::format("node {} ({}{})", a.node, tape.info(a.node).op, a.in_vjp ? " VJP" : "")
-                                  : std::string("outside any op");
-    return fmt::format("{} in the {}: {} {} {} is ambiguous ({} ambiguous comparison{})", where, pass, a.left,
-                       a.comparison, a.right, log.count, log.count == 1 ? "" : "s");
+    const IntervalAmbiguity& a = log.first.front();  // made inside an op: its node is on `tape`
+    return fmt::format("node {} ({}{}) in the {}: {} {} {} is ambiguous ({} ambiguous comparison{})", a.node,
+                       tape.info(a.node).op, a.in_vjp ? " VJP" : "", pass, a.left, a.comparison, a.right, log.count,
+                       log.count == 1 ? "" : "s");
 }
 
 /// Upper bound on |x| as a double (rounded up), for reports.

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <ostream>
 #include <random>
@@ -16,6 +17,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include <unistd.h>
 
 namespace tapegrad {
 
@@ -28,6 +31,18 @@ std::ostream& operator<<(std::ostream& out, const Tensor<T>& tensor) {
 }  // namespace tapegrad
 
 namespace tapegrad::testing {
+
+// A fresh directory under the system temp dir (named by the test and the process), removed at the
+// end of the test.
+struct TempDir {
+    std::filesystem::path path;
+    explicit TempDir(const std::string& name)
+        : path(std::filesystem::temp_directory_path() / fmt::format("tapegrad_{}_{}", name, ::getpid())) {
+        std::filesystem::remove_all(path);
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+};
 
 /// Every work split is tested at 1 to this many threads, odd counts too: a 16-core machine's default
 /// is 16, where a split can have fewer blocks than workers (the tests' shapes make sure it does).

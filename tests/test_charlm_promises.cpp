@@ -25,16 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A char-LM small enough that a save takes milliseconds (test_checkpoints' size).
-CharLmSettings small_charlm() { return {.layers = 1, .width = 16, .heads = 2, .context = 16, .batch = 4}; }
-
-CharLmSettings small_llama() {
-    CharLmSettings settings = small_charlm();
-    settings.model = CharLmModel::llama;
-    settings.kv_heads = 1;
-    settings.hidden = 24;
-    return settings;
-}
+using testing::small_charlm;  // (tests/charlm_corpus.hpp)
+using testing::small_llama;
 
 // A scratch directory of its own, removed at the end.
 struct Scratch {

@@ -33,18 +33,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A char-LM small enough that a step and a save take milliseconds: 16 parameters, 49 files.
-CharLmSettings small_charlm() { return {.layers = 1, .width = 16, .heads = 2, .context = 16, .batch = 4}; }
-
-// The decoder at the small size (models/llama.hpp through the same trainer): grouped-query
-// attention, 2 query heads over 1 key/value head, a SwiGLU MLP of width 24, tied output.
-CharLmSettings small_llama() {
-    CharLmSettings settings = small_charlm();
-    settings.model = CharLmModel::llama;
-    settings.kv_heads = 1;
-    settings.hidden = 24;
-    return settings;
-}
+using testing::small_charlm;
+using testing::small_llama;
 
 std::vector<std::string> manifest_lines(const fs::path& checkpoint) {
     std::ifstream manifest(checkpoint / "manifest.txt");

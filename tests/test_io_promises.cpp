@@ -30,16 +30,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-    fs::path path;
-    explicit TempDir(const std::string& name)
-        : path(fs::temp_directory_path() / fmt::format("tapegrad_io_promises_{}_{}", name, ::getpid())) {
-        fs::remove_all(path);
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-};
+using testing::TempDir;  // (tests/support.hpp)
 
 std::string file_text(const fs::path& path) {
     std::ifstream in(path, std::ios::binary);

@@ -45,37 +45,38 @@ endfunction()
 run(0 out ${WORK} --check)
 expect("${out}" "hold the [0-9]+ ops' declarations")
 
+# damaged_is_named(DOC NEEDLE REPLACEMENT OP OUT): docs/DOC with its first NEEDLE replaced is refused
+# by --check naming DOC, NEEDLE's line and OP; the output into OUT; DOC restored afterwards.
+function(damaged_is_named doc needle replacement op out)
+  file(READ ${SOURCE}/docs/${doc} committed)
+  line_of("${committed}" "${needle}" line)
+  string(REPLACE "${needle}" "${replacement}" damaged "${committed}")
+  file(WRITE ${WORK}/docs/${doc} "${damaged}")
+  run(1 text ${WORK} --check)
+  expect("${text}" "docs/${doc} is not what the ops declare: line ${line} \\(op ${op}\\)")
+  configure_file(${SOURCE}/docs/${doc} ${WORK}/docs/${doc} COPYONLY)
+  set(${out} "${text}" PARENT_SCOPE)
+endfunction()
+
 # An op's section changed: its VJP line (the first line of exp's comment that states it).
-set(vjp_line "VJP: dA = G ∘ Y, since d e^a/da = e^a: the saved output is the derivative.")
-line_of("${committed_reference}" "${vjp_line}" line)
-string(REPLACE "${vjp_line}" "VJP: dA = G, since d e^a/da = 1." damaged "${committed_reference}")
-file(WRITE ${WORK}/docs/ops.md "${damaged}")
-run(1 out ${WORK} --check)
-expect("${out}" "docs/ops.md is not what the ops declare: line ${line} \\(op exp\\) is\n  VJP: dA = G, since")
+damaged_is_named(ops.md "VJP: dA = G ∘ Y, since d e^a/da = e^a: the saved output is the derivative."
+                 "VJP: dA = G, since d e^a/da = 1." exp out)
+expect("${out}" "\\(op exp\\) is\n  VJP: dA = G, since")
 expect("${out}" "and the declarations give\n  VJP: dA = G ∘ Y")
 expect("${out}" "regenerate it with: cmake --build build --target op_docs")
-
 # A row of the reference's summary table changed: named by its op.
-set(row "| [`log1p`](#log1p) | `ops/log1p.hpp` | 1 | none |")
-line_of("${committed_reference}" "${row}" line)
-string(REPLACE "${row}" "| [`log1p`](#log1p) | `ops/log1p.hpp` | 2 | none |" damaged "${committed_reference}")
-file(WRITE ${WORK}/docs/ops.md "${damaged}")
-run(1 out ${WORK} --check)
-expect("${out}" "docs/ops.md is not what the ops declare: line ${line} \\(op log1p\\)")
-configure_file(${SOURCE}/docs/ops.md ${WORK}/docs/ops.md COPYONLY)
-
+damaged_is_named(ops.md "| [`log1p`](#log1p) | `ops/log1p.hpp` | 1 | none |"
+                 "| [`log1p`](#log1p) | `ops/log1p.hpp` | 2 | none |" log1p out)
 # A row of the tape-file table gone, the last one included (the op after it is named).
 foreach(row_op relu transpose)
-  set(row "| `${row_op}` | 1 | none |\n")
-  line_of("${committed_tape_file}" "${row}" line)
-  string(REPLACE "${row}" "" damaged "${committed_tape_file}")
-  file(WRITE ${WORK}/docs/tape-file.md "${damaged}")
-  configure_file(${SOURCE}/docs/ops.md ${WORK}/docs/ops.md COPYONLY)
-  run(1 out ${WORK} --check)
-  expect("${out}" "docs/tape-file.md is not what the ops declare: line ${line} \\(op ${row_op}\\)")
+  damaged_is_named(tape-file.md "| `${row_op}` | 1 | none |\n" "" ${row_op} out)
 endforeach()
 
-# --write puts back exactly the committed files (from the damaged copies).
+# --write puts back exactly the committed files (from damaged copies of both).
+string(REPLACE "| `relu` | 1 | none |\n" "" damaged "${committed_tape_file}")
+file(WRITE ${WORK}/docs/tape-file.md "${damaged}")
+string(REPLACE "## exp\n" "## e\n" damaged "${committed_reference}")
+file(WRITE ${WORK}/docs/ops.md "${damaged}")
 run(0 out ${WORK} --write)
 file(READ ${WORK}/docs/ops.md written_reference)
 file(READ ${WORK}/docs/tape-file.md written_tape_file)
