@@ -216,6 +216,11 @@ BOOST_AUTO_TEST_CASE(a_vjp_off_by_1e_30_in_one_element_is_wrong) {
     BOOST_TEST(report.wrong == 1u, report.summary());
     BOOST_TEST((report.derivatives.at(0).verdict == Certified::wrong));
     BOOST_TEST(report.derivatives.at(0).bound > 1e-32);  // |dA[0]| · 1e-30 ≈ 3e-31 at x = 0.3
+    // "At least": the bound never exceeds the gap between the two enclosures (rounded toward zero).
+    const CertifiedDerivative& d = report.derivatives.at(0);
+    const mpfr50 gap = lower(d.derivative) > upper(d.vjp) ? mpfr50(lower(d.derivative) - upper(d.vjp))
+                                                           : mpfr50(lower(d.vjp) - upper(d.derivative));
+    BOOST_TEST((mpfr50(d.bound) <= gap));
     BOOST_TEST(report.certified == X.size() - 1);
     BOOST_TEST(report.summary().find("WRONG X[0]") != std::string::npos, report.summary());
     // The 50-digit finite-difference checker passes it: below its 1e-25.
@@ -275,6 +280,25 @@ BOOST_AUTO_TEST_CASE(the_same_ops_away_from_their_kinks_are_certified) {
     expect_all_certified(certify_gradients([](auto in) { return sum(mul(clamp(in[0], -0.5, 0.75), in[0])); },
                                            {{"X", apart}}),
                          4);
+}
+
+// The summary names the first WRONG element, not the first element that is not certified (an
+// undecided one before it is listed as undecided), and claims no proven bound when none is certified.
+BOOST_AUTO_TEST_CASE(the_summary_names_wrong_and_undecided_elements_apart) {
+    CertificationReport report;
+    CertifiedDerivative undecided, wrong;
+    undecided.leaf = wrong.leaf = "X";
+    undecided.index = 0, wrong.index = 1;
+    undecided.verdict = Certified::undecided, wrong.verdict = Certified::wrong;
+    undecided.kink = "node 1 (relu) in the forward pass of X[0]";
+    wrong.bound = 0.5;
+    report.derivatives = {undecided, wrong};
+    report.wrong = report.undecided = 1;
+    const std::string text = report.summary();
+    BOOST_TEST(text.find("WRONG X[1]") != std::string::npos, text);
+    BOOST_TEST(text.find("WRONG X[0]") == std::string::npos, text);
+    BOOST_TEST(text.find("undecided X[0]: node 1 (relu)") != std::string::npos, text);
+    BOOST_TEST(text.find("proven") == std::string::npos, text);  // no bound is claimed when none is certified
 }
 
 BOOST_AUTO_TEST_CASE(a_j_of_more_than_one_element_is_refused) {
