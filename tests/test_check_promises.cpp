@@ -46,9 +46,11 @@ const bool growing_registered = register_siblings<IdentityWithGrowingError>();
 
 // A piecewise-linear elementwise op with a kink at 0: slope `left` below, `right` above, and the
 // VJP's value `at_zero` at 0 itself (a subgradient convention, or a wrong one). The slopes are
-// template arguments so that each precision computes the same function.
-template <double left, double right, double at_zero>
+// constants of the type `Slopes` so that each precision computes the same function (a type, not
+// double template arguments: Clang 14, CI's sanitizer compiler, has no floating-point ones).
+template <class Slopes>
 struct Kinked {
+    static constexpr double left = Slopes::left, right = Slopes::right, at_zero = Slopes::at_zero;
     static constexpr std::string_view name = "kinked slope";
     template <Scalar T>
     static void forward(const NoSettings&, Inputs<T> in, Tensor<T>& out, Tensor<T>&) {
@@ -68,8 +70,9 @@ struct Kinked {
 
 // exp whose VJP is wrong by a relative `fault` in double only: right at 50 digits, so the 50-digit
 // comparisons pass and only the double tape's comparison with the differences can see it.
-template <double fault>
+template <class Fault>
 struct ExpWrongInDouble : Exp {
+    static constexpr double fault = Fault::value;
     static constexpr std::string_view name = "exp wrong in double";
     template <Scalar T>
     static void vjp(const NoSettings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& dA) {
@@ -78,6 +81,15 @@ struct ExpWrongInDouble : Exp {
             for (double& d : dA.data()) d *= 1 + fault;
     }
 };
+
+// The faults and slopes the tests below instantiate those two ops with.
+struct Fault1em7 { static constexpr double value = 1e-7; };
+struct Fault1em12 { static constexpr double value = 1e-12; };
+struct RightSlopeOff1em9 { static constexpr double left = 1.0, right = 1.0 + 1e-9, at_zero = 1.0; };
+struct RightSlopeOff1em7 { static constexpr double left = 1.0, right = 1.0 + 1e-7, at_zero = 1.0; };
+struct AbsAtZeroOff5em9 { static constexpr double left = -1.0, right = 1.0, at_zero = 1.0 + 5e-9; };
+struct AbsAtZeroOff5em8 { static constexpr double left = -1.0, right = 1.0, at_zero = 1.0 + 5e-8; };
+struct AbsAtZeroHalf { static constexpr double left = -1.0, right = 1.0, at_zero = 0.5; };
 
 // Y = X whose VJP is linear in G except at G = 0, where it gives 1: right for every non-zero
 // upstream gradient (so every finite difference agrees), wrong only in the consistency check's
@@ -486,7 +498,7 @@ BOOST_AUTO_TEST_CASE(differences_that_have_not_converged_fail_on_step_agreement)
 BOOST_AUTO_TEST_CASE(a_fault_in_the_double_tape_only_fails_on_double_tolerance) {
     std::mt19937_64 rng(29);
     const NamedTensor leaves[] = {{"X", testing::random_tensor({2, 3}, rng)}};
-    const CheckReport wrong = check_gradients([](auto in) { return sum(unary<ExpWrongInDouble<1e-7>>(in[0])); }, leaves);
+    const CheckReport wrong = check_gradients([](auto in) { return sum(unary<ExpWrongInDouble<Fault1em7>>(in[0])); }, leaves);
     BOOST_TEST(!wrong.passed);
     BOOST_TEST(wrong.failures == 6u);
     BOOST_TEST(wrong.max_error_mp <= 1e-25);
@@ -496,7 +508,7 @@ BOOST_AUTO_TEST_CASE(a_fault_in_the_double_tape_only_fails_on_double_tolerance) 
         BOOST_TEST(m.source == Source::double_tape);
         BOOST_TEST(m.threshold == 1e-9);
     }
-    const CheckReport close = check_gradients([](auto in) { return sum(unary<ExpWrongInDouble<1e-12>>(in[0])); }, leaves);
+    const CheckReport close = check_gradients([](auto in) { return sum(unary<ExpWrongInDouble<Fault1em12>>(in[0])); }, leaves);
     BOOST_TEST(close.passed, close.summary());
     BOOST_TEST(close.max_error_double > 1e-13);  // the fault is seen, and within the tolerance
 }
@@ -506,7 +518,7 @@ BOOST_AUTO_TEST_CASE(a_fault_in_the_double_tape_only_fails_on_double_tolerance) 
 // 50-digit tolerance. Slopes 1 and 1 + 1e-7 part by more than the threshold: a kink, which passes.
 BOOST_AUTO_TEST_CASE(a_jump_below_the_kink_threshold_is_compared_as_usual) {
     const NamedTensor leaves[] = {{"x", Tensor<double>::matrix({{0.0, 0.5}})}};
-    const CheckReport small = check_gradients([](auto in) { return sum(unary<Kinked<1.0, 1.0 + 1e-9, 1.0>>(in[0])); }, leaves);
+    const CheckReport small = check_gradients([](auto in) { return sum(unary<Kinked<RightSlopeOff1em9>>(in[0])); }, leaves);
     BOOST_TEST(!small.passed);
     BOOST_TEST(small.kinks == 0u);
     BOOST_TEST(small.failures == 1u);
@@ -514,7 +526,7 @@ BOOST_AUTO_TEST_CASE(a_jump_below_the_kink_threshold_is_compared_as_usual) {
     BOOST_TEST(small.worst[0].index == "(0, 0)");
     BOOST_TEST(small.worst[0].source == Source::mp_tape);
     BOOST_TEST(small.worst[0].numeric == 1 + 5e-10, boost::test_tools::tolerance(1e-12));
-    const CheckReport large = check_gradients([](auto in) { return sum(unary<Kinked<1.0, 1.0 + 1e-7, 1.0>>(in[0])); }, leaves);
+    const CheckReport large = check_gradients([](auto in) { return sum(unary<Kinked<RightSlopeOff1em7>>(in[0])); }, leaves);
     BOOST_TEST(large.passed, large.summary());
     BOOST_TEST(large.kinks == 1u);
 }
@@ -539,11 +551,11 @@ BOOST_AUTO_TEST_CASE(one_sided_differences_that_have_not_converged_are_no_kink) 
 BOOST_AUTO_TEST_CASE(an_analytic_value_just_beyond_a_side_is_a_kink_within_the_threshold_only) {
     const NamedTensor leaves[] = {{"x", Tensor<double>::matrix({{-0.5, 0.0}})}};
     const CheckReport within =
-        check_gradients([](auto in) { return sum(unary<Kinked<-1.0, 1.0, 1.0 + 5e-9>>(in[0])); }, leaves);
+        check_gradients([](auto in) { return sum(unary<Kinked<AbsAtZeroOff5em9>>(in[0])); }, leaves);
     BOOST_TEST(within.passed, within.summary());
     BOOST_TEST(within.kinks == 1u);
     const CheckReport beyond =
-        check_gradients([](auto in) { return sum(unary<Kinked<-1.0, 1.0, 1.0 + 5e-8>>(in[0])); }, leaves);
+        check_gradients([](auto in) { return sum(unary<Kinked<AbsAtZeroOff5em8>>(in[0])); }, leaves);
     BOOST_TEST(!beyond.passed);
     BOOST_TEST(beyond.kinks == 0u);
     BOOST_TEST_REQUIRE(beyond.worst.size() == 1u);
@@ -556,7 +568,7 @@ BOOST_AUTO_TEST_CASE(an_analytic_value_just_beyond_a_side_is_a_kink_within_the_t
 // the central difference 0) reports both max errors at a smooth coordinate's size, not 0.5. The
 // kink lists the one-sided derivatives at steps[1] and the 50-digit tape's 0.5.
 BOOST_AUTO_TEST_CASE(a_kink_is_kept_out_of_the_max_errors) {
-    const CheckReport report = check_gradients([](auto in) { return sum(unary<Kinked<-1.0, 1.0, 0.5>>(in[0])); },
+    const CheckReport report = check_gradients([](auto in) { return sum(unary<Kinked<AbsAtZeroHalf>>(in[0])); },
                                                {{"x", Tensor<double>::matrix({{0.0, 2.0, -3.0}})}});
     BOOST_TEST(report.passed, report.summary());
     BOOST_TEST(report.kinks == 1u);
