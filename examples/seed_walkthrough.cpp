@@ -2,11 +2,17 @@
 // finite-difference checks (now 50-digit central differences, through the generic checker), the
 // shared-X check of the three summed branches, and Example 2 (identical keys). It prints the
 // same quantities, in the same order and with the same labels, as the spec's Python program, and
-// exits non-zero if any of the spec's assertions fails.
+// exits non-zero if any of the spec's assertions fails. Built with certified gradients (MPFI found:
+// TAPEGRAD_WALKTHROUGH_CERTIFIES, examples/CMakeLists.txt), it also certifies the shared-X
+// gradient (check/certify.hpp) and prints one line of its own, the proven bound and both times.
 #include "tapegrad.hpp"
+#ifdef TAPEGRAD_WALKTHROUGH_CERTIFIES
+#include "check/certify.hpp"
+#endif
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 
@@ -21,6 +27,10 @@ void require(bool condition, const char* what) {
         fmt::print(stderr, "check failed: {}\n", what);
         ++failures;
     }
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 double max_abs_difference(const Tensor<double>& a, const Tensor<double>& b) {
@@ -66,9 +76,12 @@ int main() {
         // Finite differences on Q, K, V as independent matrices, then on the shared X.
         const CheckReport qkv = check_gradients([&](auto in) { return objective(attention_from_qkv(in[0], in[1], in[2]).O); },
                                                 {{"Q", Q0}, {"K", K0}, {"V", V0}});
-        const CheckReport shared_x = check_gradients(
-            [&](auto in) { return objective(attention(in[0], in[1], in[2], in[3]).O); },
-            {{"X", Tensor<double>::matrix({{1, 0}, {0, 1}})}, {"W_Q", Q0}, {"W_K", K0}, {"W_V", V0}});
+        const auto shared_x_graph = [&](auto in) { return objective(attention(in[0], in[1], in[2], in[3]).O); };
+        const NamedTensor shared_x_leaves[] = {
+            {"X", Tensor<double>::matrix({{1, 0}, {0, 1}})}, {"W_Q", Q0}, {"W_K", K0}, {"W_V", V0}};
+        const auto checked_at = std::chrono::steady_clock::now();
+        const CheckReport shared_x = check_gradients(shared_x_graph, shared_x_leaves);
+        const double check_seconds = seconds_since(checked_at);
         require(qkv.passed && shared_x.passed, "finite differences");
 
         // Example 2: both key rows [1, 1].
@@ -85,6 +98,22 @@ int main() {
         fmt::print("dQ {} dK {} dV {}\n", Q.grad(), K.grad(), V.grad());
         fmt::print("QKV_finite_difference_max_error {:.3g}\n", qkv.max_error_mp);
         fmt::print("shared_X_finite_difference_max_error {:.3g}\n", shared_x.max_error_mp);
+#ifdef TAPEGRAD_WALKTHROUGH_CERTIFIES
+        // Every element of the shared-X gradient proven (check/certify.hpp): the bound is relative
+        // to max(1, |derivative|), as tests/test_certify.cpp holds it.
+        const auto certified_at = std::chrono::steady_clock::now();
+        const CertificationReport certified = certify_gradients(shared_x_graph, shared_x_leaves);
+        const double certify_seconds = seconds_since(certified_at);
+        double relative_bound = 0;
+        for (const CertifiedDerivative& d : certified.derivatives)
+            relative_bound = std::max(relative_bound, d.bound / std::max(1.0, std::abs(to_double(d.derivative))));
+        require(certified.certified == certified.derivatives.size(), "every shared-X derivative certified");
+        fmt::print("shared_X_certified {} of {}, relative_bound {:.2g}, certify_ms {:.3g}, finite_differences_ms {:.3g}\n",
+                   certified.certified, certified.derivatives.size(), relative_bound, 1e3 * certify_seconds,
+                   1e3 * check_seconds);
+#else
+        (void)check_seconds;
+#endif
         fmt::print("same_key_output {} same_key_dQ {}\n", same.O.value(), Q_same.grad());
         if (failures > 0) return EXIT_FAILURE;
         fmt::print("all_attention_checks_passed\n");

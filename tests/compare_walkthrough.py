@@ -1,9 +1,13 @@
 """Runs the spec's Python reference program and examples/seed_walkthrough, and checks that they
 print the same labels in the same order and the same values to 1e-12; the finite-difference
 error lines differ by design (double differences there, 50-digit differences here), so for those
-the walkthrough's value must be at most 1e-20.
+the walkthrough's value must be at most 1e-20. The walkthrough's line of its own, the
+certification of the shared-X gradient (printed when it is built with certified gradients), is
+taken out before the comparison and held on its own: every derivative certified, the relative
+bound at most 1e-40, both times printed.
 
-usage: compare_walkthrough.py SEED_WALKTHROUGH_BINARY SPEC_REFERENCE_PY
+usage: compare_walkthrough.py SEED_WALKTHROUGH_BINARY SPEC_REFERENCE_PY [--certified]
+(--certified: the walkthrough was built with certified gradients, so its line must be there)
 """
 import re
 import subprocess
@@ -12,6 +16,17 @@ import sys
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 LABEL = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 FD_LABELS = {"QKV_finite_difference_max_error", "shared_X_finite_difference_max_error"}
+CERTIFIED = re.compile(r"^shared_X_certified (\d+) of (\d+), relative_bound (\S+), certify_ms (\S+), "
+                       r"finite_differences_ms (\S+)$")
+
+
+def check_certified(line):
+    match = CERTIFIED.match(line)
+    if not match:
+        sys.exit(f"malformed certification line: {line}")
+    certified, total, bound = int(match[1]), int(match[2]), float(match[3])
+    if total != 16 or certified != total or not bound <= 1e-40:
+        sys.exit(f"the shared-X gradient is not certified to 1e-40 relative: {line}")
 
 
 def run(command):
@@ -20,6 +35,13 @@ def run(command):
 
 def main():
     ours = run([sys.argv[1]])
+    for line in ours:
+        if line.startswith("shared_X_certified"):
+            check_certified(line)
+    certified_lines = [line for line in ours if line.startswith("shared_X_certified")]
+    if "--certified" in sys.argv[3:] and len(certified_lines) != 1:
+        sys.exit(f"expected one shared_X_certified line, found {len(certified_lines)}")
+    ours = [line for line in ours if not line.startswith("shared_X_certified")]
     reference = run([sys.executable, sys.argv[2]])
     if len(ours) != len(reference):
         sys.exit(f"line count differs: {len(ours)} vs {len(reference)}")
