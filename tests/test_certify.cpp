@@ -20,13 +20,18 @@ namespace {
 // Fault controls (test ops, never in the library): each a VJP wrong in a way a 50-digit difference
 // does not resolve, registered for the checker's re-run as a user's broken op would be.
 
-// tanh's VJP off by a relative 1e-30 in its first element only: far below the checker's 1e-25.
+// tanh's VJP off by a relative 1e-30 in one element only, its first or its last: far below the
+// checker's 1e-25.
+enum class End { first, last };
+template <End end>
 struct TanhOffIn30thDigit : Tanh {
-    static constexpr std::string_view name = "tanh off by 1e-30 in element 0";
+    static constexpr std::string_view name =
+        end == End::first ? "tanh off by 1e-30 in its first element" : "tanh off by 1e-30 in its last element";
     template <Scalar T>
     static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& dA) {
         Tanh::vjp(s, at, which, dA);
-        dA[0] = dA[0] * T(1 + T(1e-30));
+        T& off = end == End::first ? dA[0] : dA[dA.size() - 1];
+        off = off * T(1 + T(1e-30));
     }
 };
 
@@ -82,7 +87,29 @@ double worst_relative_bound(const CertificationReport& report) {
     return worst;
 }
 
+// The report's counts and worst bound are those of its elements' verdicts, and each certified
+// element's bound covers the hull of its two enclosures (what "|VJP − derivative| ≤ bound" rests on).
+void expect_consistent(const CertificationReport& report) {
+    std::size_t certified = 0, wrong = 0, undecided = 0;
+    double worst = 0;
+    for (const CertifiedDerivative& d : report.derivatives) {
+        certified += d.verdict == Certified::certified;
+        wrong += d.verdict == Certified::wrong;
+        undecided += d.verdict == Certified::undecided;
+        if (d.verdict != Certified::certified) continue;
+        worst = std::max(worst, d.bound);
+        const mpfr50 hi = upper(d.derivative) > upper(d.vjp) ? upper(d.derivative) : upper(d.vjp);
+        const mpfr50 lo = lower(d.derivative) < lower(d.vjp) ? lower(d.derivative) : lower(d.vjp);
+        BOOST_TEST((mpfr50(d.bound) >= mpfr50(hi - lo)), d.leaf << "[" << d.index << "]");
+    }
+    BOOST_TEST(report.certified == certified);
+    BOOST_TEST(report.wrong == wrong);
+    BOOST_TEST(report.undecided == undecided);
+    BOOST_TEST(report.worst_bound == worst);
+}
+
 void expect_all_certified(const CertificationReport& report, std::size_t elements) {
+    expect_consistent(report);
     BOOST_TEST(report.derivatives.size() == elements);
     BOOST_TEST(report.certified == elements, report.summary());
     BOOST_TEST(report.passed());
@@ -90,6 +117,7 @@ void expect_all_certified(const CertificationReport& report, std::size_t element
 }
 
 void expect_undecided_at(const CertificationReport& report, std::string_view node_op) {
+    expect_consistent(report);
     BOOST_TEST(report.wrong == 0u, report.summary());
     BOOST_TEST(report.undecided > 0u, report.summary());
     BOOST_TEST(report.passed());
@@ -208,9 +236,9 @@ BOOST_AUTO_TEST_CASE(attention_with_x_feeding_q_k_and_v_is_certified) {
 // A VJP off by a relative 1e-30 in one element: 1e5 below what the 50-digit checker resolves, and
 // disjoint from the derivative's enclosure by 1e20 times its width: wrong, that element only.
 BOOST_AUTO_TEST_CASE(a_vjp_off_by_1e_30_in_one_element_is_wrong) {
-    static const bool registered = register_siblings<TanhOffIn30thDigit>();
+    static const bool registered = register_siblings<TanhOffIn30thDigit<End::first>>();
     BOOST_TEST(registered);
-    const auto broken = [](auto in) { return sum(mul(record_unary<TanhOffIn30thDigit>(in[0]), in[0])); };
+    const auto broken = [](auto in) { return sum(mul(record_unary<TanhOffIn30thDigit<End::first>>(in[0]), in[0])); };
     const CertificationReport report = certify_gradients(broken, {{"X", X}});
     BOOST_TEST(!report.passed());
     BOOST_TEST(report.wrong == 1u, report.summary());
@@ -225,6 +253,34 @@ BOOST_AUTO_TEST_CASE(a_vjp_off_by_1e_30_in_one_element_is_wrong) {
     BOOST_TEST(report.summary().find("WRONG X[0]") != std::string::npos, report.summary());
     // The 50-digit finite-difference checker passes it: below its 1e-25.
     BOOST_TEST(check_gradients(broken, {{"X", X}}).passed);
+}
+
+// The same fault in the last element of the second leaf: that element alone is wrong, named by its
+// index within its own leaf (W[5], not the flat 11), and every element of X is certified.
+BOOST_AUTO_TEST_CASE(a_vjp_off_in_the_last_element_of_the_last_leaf_is_wrong_alone) {
+    static const bool registered = register_siblings<TanhOffIn30thDigit<End::last>>();
+    BOOST_TEST(registered);
+    const auto broken = [](auto in) {
+        return add(sum(mul(in[0], in[0])), sum(mul(record_unary<TanhOffIn30thDigit<End::last>>(in[1]), in[1])));
+    };
+    const CertificationReport report = certify_gradients(broken, {{"X", X}, {"W", W}});
+    expect_consistent(report);
+    BOOST_TEST(report.wrong == 1u, report.summary());
+    BOOST_TEST(report.certified == X.size() + W.size() - 1);
+    const CertifiedDerivative& last = report.derivatives.back();
+    BOOST_TEST(last.leaf == "W");
+    BOOST_TEST(last.index == W.size() - 1);
+    BOOST_TEST((last.verdict == Certified::wrong));
+    BOOST_TEST(report.summary().find(fmt::format("WRONG W[{}]", W.size() - 1)) != std::string::npos, report.summary());
+}
+
+// Inputs far from 1 in magnitude, negative and inexact: a tiny and a huge element certified, the
+// bound relative to max(1, |derivative|) as everywhere (50-digit intervals have MPFR's exponent
+// range, far beyond double's).
+BOOST_AUTO_TEST_CASE(tiny_and_huge_inputs_are_certified) {
+    const Tensor<double> extremes = matrix({{-3.7e-300, 2.9e250}, {-0.1, 4.4e-17}});
+    expect_all_certified(certify_gradients([](auto in) { return sum(mul(in[0], in[0]) * 0.3); }, {{"X", extremes}}),
+                         extremes.size());
 }
 
 BOOST_AUTO_TEST_CASE(a_dropped_branch_is_wrong) {
@@ -329,6 +385,7 @@ BOOST_AUTO_TEST_CASE(random_graphs_of_every_op_are_certified) {
         const std::array<NamedTensor, leaf_count> leaves = leaves_of(recipe);
         const CertificationReport report = certify_gradients(Graph<>{&recipe}, leaves);
         BOOST_TEST(report.wrong == 0u, describe(recipe) << "\n" << report.summary());
+        expect_consistent(report);
         elements_certified += report.certified;
         if (report.undecided > 0) {
             ++with_undecided;
