@@ -27,6 +27,14 @@ def check_certified(line):
     certified, total, bound = int(match[1]), int(match[2]), float(match[3])
     if total != 16 or certified != total or not bound <= 1e-40:
         sys.exit(f"the shared-X gradient is not certified to 1e-40 relative: {line}")
+    # A bound of exactly 0 would claim the enclosures are points: the graph's softmax and 1/sqrt(2)
+    # are irrational, so 50-digit intervals around them have width.
+    if not bound > 0:
+        sys.exit(f"a certified bound of 0 is not what 50-digit intervals give here: {line}")
+    # Both times in milliseconds: 16 elements checked or certified at 50 digits take far more than
+    # a microsecond (one 50-digit operation alone takes tens of nanoseconds).
+    if not all(float(ms) >= 1e-3 for ms in (match[4], match[5])):
+        sys.exit(f"a time below a microsecond is not in milliseconds: {line}")
 
 
 def run(command):
