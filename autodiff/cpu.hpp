@@ -6,7 +6,8 @@
 /// and the engine's compiled kernels (the ops' are in ops/fast/kernels.hpp); the header-only code
 /// (autodiff/kernels.hpp, ops/fast/) calls them for float and double, and keeps its generic loops
 /// for every other scalar (the 50-digit type).
-/// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512|avx512_bf16 forces a level at start-up.
+/// The environment variable TAPEGRAD_CPU=baseline|avx2|avx512|avx512_bf16 forces a level at start-up;
+/// TAPEGRAD_BF16=fastest|vdpbf16ps chooses the bfloat16 product's arithmetic (Bf16Arithmetic).
 #pragma once
 
 #include <array>
@@ -21,8 +22,8 @@ namespace tapegrad {
 /// Instruction-set levels the kernels are compiled for. baseline: x86-64 (SSE2) or the target's
 /// default elsewhere; avx2: AVX2 + FMA; avx512: AVX-512 F, DQ, VL and BW (with AVX2 + FMA);
 /// avx512_bf16: avx512 plus AVX512_BF16, whose vdpbf16ps runs the bfloat16 product
-/// (kernels::gemm_bf16): every other kernel of that level is the avx512 level's, and the bfloat16
-/// product gives the same bits at every level (the others emulate vdpbf16ps exactly). A level is
+/// (kernels::gemm_bf16): every other kernel of that level is the avx512 level's (the other levels
+/// widen the bfloat16 product to float32, or emulate vdpbf16ps exactly: Bf16Arithmetic). A level is
 /// chosen by default only when the CPU reports it (avx512_bf16: CPUID leaf 7 subleaf 1, EAX bit 5,
 /// with the OS saving the AVX-512 registers).
 enum class CpuLevel { baseline, avx2, avx512, avx512_bf16 };
@@ -51,6 +52,36 @@ std::vector<CpuLevel> available_cpu_levels();
 /// Switches every later kernel call to `level` (tests and benchmarks compare levels in one run);
 /// value_error when it is not available. Not to be called while kernels run on other threads.
 void set_cpu_level(CpuLevel level);
+
+/// How the bfloat16 product (kernels::gemm_bf16) sums its products. Both read the same bfloat16
+/// operands, and every product of two bfloat16 numbers is exact in float32; they differ in the order
+/// and the rounding of the float32 sums (autodiff/kernels.hpp gives each arithmetic and its bound).
+/// The environment variable TAPEGRAD_BF16=fastest|vdpbf16ps chooses at start-up (fastest by default).
+enum class Bf16Arithmetic {
+    /// vdpbf16ps where the CPU has AVX512_BF16; elsewhere the operands widened to float32 and
+    /// multiplied by the level's float32 product (the fast one: about 30x the emulation's speed).
+    fastest,
+    /// vdpbf16ps's arithmetic at every level, emulated exactly where the instruction is missing: the
+    /// same bits as an AVX512_BF16 machine, to reproduce its run bit for bit.
+    vdpbf16ps,
+};
+
+/// The word TAPEGRAD_BF16 takes for an arithmetic.
+constexpr std::string_view bf16_arithmetic_name(Bf16Arithmetic arithmetic) {
+    return arithmetic == Bf16Arithmetic::fastest ? "fastest" : "vdpbf16ps";
+}
+
+/// The arithmetic of the bfloat16 product: TAPEGRAD_BF16 when set (value_error for an unknown
+/// word), else fastest.
+Bf16Arithmetic bf16_arithmetic();
+/// Switches every later bfloat16 product to `arithmetic`. Not to be called while kernels run on
+/// other threads.
+void set_bf16_arithmetic(Bf16Arithmetic arithmetic);
+/// Whether the bfloat16 product runs widened to float32 now: fastest arithmetic, at a level
+/// without vdpbf16ps.
+inline bool bf16_products_widened() {
+    return bf16_arithmetic() == Bf16Arithmetic::fastest && cpu_level() != CpuLevel::avx512_bf16;
+}
 
 /// float and double take the compiled kernels; any other scalar takes the header's generic loops.
 template <class T>
@@ -94,8 +125,9 @@ struct EngineKernels {
     /// first[k] = pairs[2k], second[k] = pairs[2k + 1]; and back (or added to the pairs, when accumulate).
     void (*deinterleave)(const T* pairs, std::size_t n, T* first, T* second);
     void (*interleave)(const T* first, const T* second, std::size_t n, T* pairs, bool accumulate);
-    /// float's table only: the bfloat16 product accumulated in float32 (kernels::gemm_bf16): vdpbf16ps
-    /// at the avx512_bf16 level, its exact emulation at the others.
+    /// float's table only: the bfloat16 product accumulated in float32 in vdpbf16ps's arithmetic
+    /// (kernels::gemm_bf16 calls it unless it widens): the instruction at the avx512_bf16 level, its
+    /// exact emulation at the others.
     std::conditional_t<std::is_same_v<T, float>, kernels::Bf16GemmBlock, kernels::Absent> gemm_bf16_block;
     /// float's table only: floats rounded to bfloat16 (the products' copies), vectorised per level.
     std::conditional_t<std::is_same_v<T, float>, kernels::RoundToBf16, kernels::Absent> round_to_bf16;

@@ -9,8 +9,8 @@
 /// (forward mode) are an overload in autodiff/dual_kernels.hpp, which includes this file: code that
 /// calls kernels::gemm on any scalar (the ops) includes that one, so the dual overload is declared
 /// wherever the call is.
-/// gemm_bf16 is the bfloat16 product (A and B bfloat16, C float32), in one arithmetic at every CPU
-/// level: vdpbf16ps's, defined below.
+/// gemm_bf16 is the bfloat16 product (A and B bfloat16, C float32), widened to float32 where the
+/// CPU lacks vdpbf16ps, or in vdpbf16ps's arithmetic at every level (both defined below).
 #pragma once
 
 #include "autodiff/cpu.hpp"
@@ -18,8 +18,10 @@
 #include "autodiff/tensor.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 namespace tapegrad::kernels {
 
@@ -119,12 +121,37 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
     }
 }
 
+namespace detail {
+/// n bfloat16 (bit patterns) as the floats they are: the high half of a float's bits (exact).
+inline std::unique_ptr<float[]> widened_bf16(const std::uint16_t* x, std::size_t n) {
+    std::unique_ptr<float[]> out = std::make_unique_for_overwrite<float[]>(n);
+    for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(std::uint32_t{x[i]} << 16);
+    return out;
+}
+}  // namespace detail
+
 /// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), with A and B bfloat16 (bit
 /// patterns: autodiff/low_precision.hpp's bfloat16_bits and bfloat16_value) and C float32, in the
-/// forms and row-major shapes of gemm, at the active CPU level (autodiff/cpu.hpp).
-/// The arithmetic is that of vdpbf16ps (Intel SDM vol. 2, VDPBF16PS, "Operation"), the same bits
-/// at every level (the avx512_bf16 level runs the instruction, the others emulate it exactly), on
-/// any number of threads and for any split of C, since each element is one chain of roundings:
+/// forms and row-major shapes of gemm, at the active CPU level (autodiff/cpu.hpp), in one of two
+/// arithmetics (Bf16Arithmetic, autodiff/cpu.hpp: TAPEGRAD_BF16 or set_bf16_arithmetic).
+///
+/// **Widened** (Bf16Arithmetic::fastest at a level without vdpbf16ps, the default there): A and B
+/// widened to float32 (exactly) and multiplied by gemm<float> at that level, so every product a·b
+/// is exact (8 + 8 significant bits in float's 24, the same exponent range) and only the sums round,
+/// in the float32 kernel's order, to nearest, with IEEE 754's subnormals, infinities and NaN (no
+/// DAZ, no FTZ). Bits as gemm<float>'s: the same on any number of threads, and different from
+/// vdpbf16ps's and between levels (their kernels sum in different orders). The k products and C₀
+/// (the C added to; 0 without accumulate, an exact start) are summed in some order by at most k
+/// additions, each rounding relatively by at most 2⁻²⁴ (Higham's sum of any order), and a product
+/// rounds only below float's normals, by at most 2⁻¹⁵⁰ (a sum landing there is exact), so
+///   |C − (C₀ + Σ_p a_p·b_p)| ≤ γ_k·(|C₀| + Σ_p |a_p·b_p|) + k·2⁻¹⁴⁹,
+/// which lies within the vdpbf16ps bound below (k ≤ s): what holds a product to that bound holds both.
+///
+/// **vdpbf16ps** (Bf16Arithmetic::vdpbf16ps, or fastest on the avx512_bf16 level): the arithmetic
+/// of vdpbf16ps (Intel SDM vol. 2, VDPBF16PS, "Operation"), the same bits at every level (the
+/// avx512_bf16 level runs the instruction, the others emulate it exactly, about 30 times slower than
+/// the widened path), on any number of threads and for any split of C, since each element is one
+/// chain of roundings:
 ///   c ← C[i,j] when accumulate (a subnormal read as a zero of its sign), else +0;
 ///   for q = 0, 1, …, ⌈k/2⌉ − 1 (the pairs of k):  c ← step(c, a₂q₊₁, b₂q₊₁);  c ← step(c, a₂q, b₂q);
 ///   C[i,j] ← c;
@@ -147,6 +174,12 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
 ///   |C − (C₀ + Σ_p a_p·b_p)| ≤ γ_s·(|C₀| + Σ_p |a_p·b_p|) + (s + 1)·2⁻¹²⁶,  γ_s = s·2⁻²⁴/(1 − s·2⁻²⁴).
 inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
                       const std::uint16_t* B, float* C, bool accumulate) {
+    if (bf16_products_widened()) {
+        // op(A) and op(B) hold m·k and k·n elements in every form.
+        gemm<float>(form, m, n, k, detail::widened_bf16(A, m * k).get(), detail::widened_bf16(B, k * n).get(), C,
+                    accumulate);
+        return;
+    }
     for_each_block(m, n, k, [&](Block block) {
         engine_kernels<float>().gemm_bf16_block(form, m, n, k, A, B, C, accumulate, block);
     });

@@ -8,8 +8,10 @@
 // and without it the lines carry no ratio. Prints:
 //   host …                                        (host.hpp: CPU, level, this host's GEMM rate)
 //   bf16_peak gflops=…
-//   bf16 cpu=<level> form=<ab|abT|aTb> m=… n=… k=… gflops=… peak_ratio=… float32_gflops=…
-// (2 flops a multiply-add; peak_ratio = gflops / the peak). Sizes: n×n×n for n = 256, 512, 1024,
+//   bf16 cpu=<level> arithmetic=<fastest|vdpbf16ps> form=<ab|abT|aTb> m=… n=… k=… gflops=… peak_ratio=… float32_gflops=…
+// (2 flops a multiply-add; peak_ratio = gflops / the peak), at a level without vdpbf16ps once in
+// each arithmetic (Bf16Arithmetic, autodiff/cpu.hpp: widened to float32, and the exact emulation),
+// at the avx512_bf16 level once (both are vdpbf16ps there). Sizes: n×n×n for n = 256, 512, 1024,
 // and a training-shaped layer, X [1024×64] times W [64×192], in its three products (forward X·W,
 // dX = dY·Wᵀ, dW = Xᵀ·dY).
 //
@@ -104,8 +106,8 @@ void bench(const Size& size, std::optional<double> peak, std::size_t rounds, std
                                    [&] { kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false); }},
                                   rounds, batch_seconds);
     const double flops = 2.0 * double(m) * double(n) * double(k), gflops = flops / t[0].median_us / 1e3;
-    fmt::print("bf16 cpu={} form={} m={} n={} k={} gflops={:.1f}{} float32_gflops={:.1f}\n",
-               cpu_level_name(cpu_level()), form_name(form), m, n, k, gflops,
+    fmt::print("bf16 cpu={} arithmetic={} form={} m={} n={} k={} gflops={:.1f}{} float32_gflops={:.1f}\n",
+               cpu_level_name(cpu_level()), bf16_arithmetic_name(bf16_arithmetic()), form_name(form), m, n, k, gflops,
                peak ? fmt::format(" peak_ratio={:.3f}", gflops / *peak) : "", flops / t[1].median_us / 1e3);
 }
 
@@ -135,10 +137,16 @@ int main(int argc, char** argv) {
                                   {kernels::Form::abT, 1024, 64, 192},   {kernels::Form::aTb, 64, 192, 1024}};
     std::mt19937_64 rng(61);
     const CpuLevel start = cpu_level();
+    const Bf16Arithmetic start_arithmetic = bf16_arithmetic();
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
-        for (const Size& size : sizes) bench(size, peak, rounds, rng);
+        for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+            if (level == CpuLevel::avx512_bf16 && arithmetic == Bf16Arithmetic::vdpbf16ps) continue;  // the same
+            set_bf16_arithmetic(arithmetic);
+            for (const Size& size : sizes) bench(size, peak, rounds, rng);
+        }
     }
     set_cpu_level(start);
+    set_bf16_arithmetic(start_arithmetic);
     return 0;
 }

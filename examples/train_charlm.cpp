@@ -357,9 +357,17 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                attention_kernel_name(m.kernel), trainer.dtype(), trainer.steps_done() + 1, last, m.steps,
                thread_count());  // the library's setting, as --threads left it
     if (m.products == ProductPrecision::bfloat16 && cpu_level() != CpuLevel::avx512_bf16) {
-        fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are emulated exactly "
-                   "(the same results), 6 to 8 times slower than float32 steps (docs/performance.md)\n",
-                   cpu_level_name(cpu_level()));
+        if (bf16_products_widened()) {
+            fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are widened to float32 "
+                       "(the same products, summed in another order: not bit for bit an AVX512_BF16 machine's run; "
+                       "TAPEGRAD_BF16=vdpbf16ps reproduces that, slowly)\n",
+                       cpu_level_name(cpu_level()));
+        } else {
+            fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are emulated exactly "
+                       "(TAPEGRAD_BF16=vdpbf16ps: an AVX512_BF16 machine's results), 6 to 8 times slower than "
+                       "float32 steps (docs/performance.md)\n",
+                       cpu_level_name(cpu_level()));
+        }
     }
     if (r.check_step) return check_one_step(trainer, r.save_tape);
     if (r.audit_step) return audit_one_step(trainer, r);

@@ -135,6 +135,15 @@ struct RestoreCpuLevel {
     ~RestoreCpuLevel() { set_cpu_level(saved); }
 };
 
+// Sets the bfloat16 product's arithmetic for a test case, and restores the one before when it ends.
+struct UseBf16Arithmetic {
+    Bf16Arithmetic saved = bf16_arithmetic();
+    explicit UseBf16Arithmetic(Bf16Arithmetic arithmetic) { set_bf16_arithmetic(arithmetic); }
+    ~UseBf16Arithmetic() { set_bf16_arithmetic(saved); }
+    UseBf16Arithmetic(const UseBf16Arithmetic&) = delete;
+    UseBf16Arithmetic& operator=(const UseBf16Arithmetic&) = delete;
+};
+
 // The places a report names: its failing coordinates and branches, and the branch verdicts.
 using Place = std::tuple<std::string, std::string, std::string>;
 inline std::set<Place> failing_places(const CheckReport& r) {

@@ -1,6 +1,7 @@
 // The bfloat16 product (kernels::gemm_bf16, autodiff/kernels.hpp): bfloat16 A and B, float32 C, in
-// vdpbf16ps's arithmetic at every CPU level. Held here, at the active level (CTest runs this file
-// under TAPEGRAD_CPU=<level> for every level built in, tests/CMakeLists.txt):
+// vdpbf16ps's arithmetic at every CPU level, or widened to float32 where the level lacks vdpbf16ps
+// (Bf16Arithmetic::fastest, the default). vdpbf16ps's arithmetic held here, at the active level
+// (CTest runs this file under TAPEGRAD_CPU=<level> for every level built in, tests/CMakeLists.txt):
 //  - bit for bit to a scalar reference written from the definition alone (an independent
 //    formulation: long double sums and a 24-bit rounding by scaling, not the library's threshold),
 //    in every form, with and without accumulate, at sizes crossing every remainder of both tile
@@ -12,7 +13,11 @@
 //  - on any number of threads (the splits of autodiff/kernels.hpp), bit for bit;
 // and across every available level in one run (set_cpu_level), bit for bit. Fault controls: a
 // kernel that rounds each product to bfloat16, and one that accumulates in bfloat16, fail both the
-// bitwise and the bound checks.
+// bitwise and the bound checks. The widened path, at every level without vdpbf16ps: bit for bit
+// gemm<float> of the widened operands, within its own bound, with IEEE's subnormals (each
+// documented outcome that differs from vdpbf16ps's, so each arithmetic is shown to be the one
+// running), on any number of threads; fastest is vdpbf16ps itself at the avx512_bf16 level; and
+// TAPEGRAD_BF16 chooses at start-up (its CTest reruns, tests/CMakeLists.txt).
 #define BOOST_TEST_MODULE bf16_kernels
 #include "support.hpp"
 #include "tally.hpp"
@@ -22,8 +27,10 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace tapegrad;
@@ -286,8 +293,10 @@ BOOST_AUTO_TEST_CASE(special_values_match_the_reference_at_the_active_level) {
     BOOST_TEST(tally.failures == 0u, cpu_level_name(cpu_level()) << ": " << tally.summary());
 }
 
-// Each documented outcome, by its own case (1 × 1 products; the last pair of an odd k is padded with +0·+0).
+// Each documented outcome, by its own case (1 × 1 products; the last pair of an odd k is padded with
+// +0·+0), in vdpbf16ps's arithmetic.
 BOOST_AUTO_TEST_CASE(documented_outcomes_at_the_active_level) {
+    const testing::UseBf16Arithmetic exact(Bf16Arithmetic::vdpbf16ps);
     const float inf = std::numeric_limits<float>::infinity();
     // DAZ: a bfloat16 subnormal (2⁻¹³³) times 2¹⁰⁰ adds nothing; a subnormal C is read as +0.
     BOOST_TEST(same(one_element({0x0001}, {bf(0x1p100)}, 0.0f, false), 0.0f));
@@ -315,8 +324,9 @@ BOOST_AUTO_TEST_CASE(documented_outcomes_at_the_active_level) {
     BOOST_TEST(std::isnan(one_element({0x7fc0}, {bf(1.0)}, 1.0f, true)));
 }
 
-BOOST_AUTO_TEST_CASE(every_level_gives_the_same_bits) {
+BOOST_AUTO_TEST_CASE(every_level_gives_the_same_bits_in_vdpbf16ps_arithmetic) {
     const testing::RestoreCpuLevel restore;
+    const testing::UseBf16Arithmetic exact(Bf16Arithmetic::vdpbf16ps);
     std::mt19937_64 rng(53);
     struct Case {
         Operands op;
@@ -348,25 +358,28 @@ BOOST_AUTO_TEST_CASE(every_level_gives_the_same_bits) {
     }
 }
 
-// Split over threads by rows (m = 256) and by columns (m = 64, n = 600): the same bits on 1, 2 and 3 threads.
+// Split over threads by rows (m = 256) and by columns (m = 64, n = 600): the same bits on 1, 2 and 3
+// threads, in both arithmetics.
 BOOST_AUTO_TEST_CASE(threads_change_no_bit) {
     std::mt19937_64 rng(54);
-    for (const auto& [m, n, k] :
-         {std::array<std::size_t, 3>{256, 128, 130}, std::array<std::size_t, 3>{64, 600, 121}}) {
-        BOOST_TEST_REQUIRE((kernels::split_of(m, n, k) != kernels::Split::none));
-        for (const Form form : forms) {
-            const Operands op = draw_operands(form, m, n, k, rng);
-            std::vector<std::vector<float>> results;
-            for (const unsigned threads : {1u, 2u, 3u}) {
-                set_threads(threads);
-                results.emplace_back(m * n);
-                kernels::gemm_bf16(form, m, n, k, op.A.data(), op.B.data(), results.back().data(), false);
+    for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps})
+        for (const auto& [m, n, k] :
+             {std::array<std::size_t, 3>{256, 128, 130}, std::array<std::size_t, 3>{64, 600, 121}}) {
+            const testing::UseBf16Arithmetic use(arithmetic);
+            BOOST_TEST_REQUIRE((kernels::split_of(m, n, k) != kernels::Split::none));
+            for (const Form form : forms) {
+                const Operands op = draw_operands(form, m, n, k, rng);
+                std::vector<std::vector<float>> results;
+                for (const unsigned threads : {1u, 2u, 3u}) {
+                    set_threads(threads);
+                    results.emplace_back(m * n);
+                    kernels::gemm_bf16(form, m, n, k, op.A.data(), op.B.data(), results.back().data(), false);
+                }
+                set_threads(0);
+                BOOST_TEST((results[1] == results[0] && results[2] == results[0]),
+                           bf16_arithmetic_name(arithmetic) << " m=" << m << " n=" << n << " form " << int(form));
             }
-            set_threads(0);
-            BOOST_TEST((results[1] == results[0] && results[2] == results[0]),
-                       "m=" << m << " n=" << n << " form " << int(form));
         }
-    }
 }
 
 namespace {
@@ -405,4 +418,161 @@ BOOST_AUTO_TEST_CASE(kernels_rounding_to_bf16_are_rejected_by_both_checks) {
         BOOST_TEST(bitwise.failures > 0u, name);
         BOOST_TEST(bound.failures > 0u, name);
     }
+}
+
+namespace {
+
+// ---- The widened path: Bf16Arithmetic::fastest at a level without vdpbf16ps ------------------------
+
+// The available levels without vdpbf16ps, where the fastest arithmetic widens to float32.
+std::vector<CpuLevel> widening_levels() {
+    std::vector<CpuLevel> levels;
+    for (const CpuLevel level : available_cpu_levels())
+        if (level != CpuLevel::avx512_bf16) levels.push_back(level);
+    return levels;
+}
+
+// gemm_bf16 (at the active level and arithmetic) on C0 against (1) gemm<float> of the widened
+// operands, bit for bit (the widened path's definition), and (2) a float64 sum of the exact products
+// within autodiff/kernels.hpp's widened bound, γ_k·(|C0| + Σ|a·b|) + k·2⁻¹⁴⁹ (the float64 sum's
+// own error, k·2⁻⁵³ relative, is 2⁻²⁹ of the relative part; its absolute part is none, every
+// product and sum of these operands being far above double's subnormals).
+void check_widened(const Operands& op, const std::vector<float>& C0, bool accumulate, Tally& bitwise, Tally& bound) {
+    std::vector<float> C = C0, expected = C0, A(op.A.size()), B(op.B.size());
+    for (std::size_t x = 0; x < A.size(); ++x) A[x] = value(op.A[x]);
+    for (std::size_t x = 0; x < B.size(); ++x) B[x] = value(op.B[x]);
+    kernels::gemm_bf16(op.form, op.m, op.n, op.k, op.A.data(), op.B.data(), C.data(), accumulate);
+    kernels::gemm<float>(op.form, op.m, op.n, op.k, A.data(), B.data(), expected.data(), accumulate);
+    const double u = 0x1p-24, gamma = double(op.k) * u / (1 - double(op.k) * u);
+    for (std::size_t i = 0; i < op.m; ++i)
+        for (std::size_t j = 0; j < op.n; ++j) {
+            const std::size_t x = i * op.n + j;
+            const std::string where =
+                fmt::format("{} form {} m={} n={} k={} accumulate={} at ({}, {})", cpu_level_name(cpu_level()),
+                            int(op.form), op.m, op.n, op.k, accumulate, i, j);
+            bitwise.expect(same(C[x], expected[x]),
+                           fmt::format("{}: {} instead of {}", where, bits(C[x]), bits(expected[x])));
+            double exact = accumulate ? C0[x] : 0.0, magnitude = std::fabs(exact);
+            for (std::size_t p = 0; p < op.k; ++p) {
+                exact += double(op.a(i, p)) * double(op.b(p, j));
+                magnitude += std::fabs(double(op.a(i, p)) * double(op.b(p, j)));
+            }
+            const double error = std::fabs(double(C[x]) - exact), allowed = gamma * magnitude + double(op.k) * 0x1p-149;
+            bound.expect(error <= allowed, fmt::format("{}: error {:.3e}, bound {:.3e}", where, error, allowed));
+        }
+}
+
+// Operands scaled by 2^-70 each, so that every product lies near 2⁻¹⁴⁰, among float's subnormals:
+// where vdpbf16ps flushes and the widened path must not.
+Operands tiny(Operands op) {
+    for (std::uint16_t& a : op.A) a = bfloat16_bits(std::ldexp(bfloat16_value(a), -70));
+    for (std::uint16_t& b : op.B) b = bfloat16_bits(std::ldexp(bfloat16_value(b), -70));
+    return op;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(the_widened_path_is_the_float32_product_of_the_widened_operands_within_its_bound) {
+    const testing::RestoreCpuLevel restore;
+    const testing::UseBf16Arithmetic fastest(Bf16Arithmetic::fastest);
+    BOOST_TEST_REQUIRE(!widening_levels().empty());  // baseline is always there
+    for (const CpuLevel level : widening_levels()) {
+        set_cpu_level(level);
+        BOOST_TEST_REQUIRE(bf16_products_widened());
+        std::mt19937_64 rng(55);
+        Tally bitwise, bound;
+        const std::vector<std::array<std::size_t, 3>> sizes = swept_sizes();
+        for (const Form form : forms)
+            for (std::size_t s = 0; s < sizes.size(); s += 3) {  // every third size: k from 0 to 1027 still
+                const auto [m, n, k] = sizes[s];
+                const Operands op = draw_operands(form, m, n, k, rng);
+                const std::vector<float> C0 = float_draws(m * n, rng);
+                for (const bool accumulate : {false, true}) {
+                    check_widened(op, C0, accumulate, bitwise, bound);
+                    check_widened(tiny(op), std::vector<float>(m * n, 0x1p-140f), accumulate, bitwise, bound);
+                }
+            }
+        BOOST_TEST_MESSAGE(fmt::format("{}: {} bitwise and {} bound comparisons", cpu_level_name(level),
+                                       bitwise.comparisons, bound.comparisons));
+        BOOST_TEST(bitwise.failures == 0u, cpu_level_name(level) << " bitwise: " << bitwise.summary());
+        BOOST_TEST(bound.failures == 0u, cpu_level_name(level) << " bound: " << bound.summary());
+    }
+}
+
+// The widened bound bites: vdpbf16ps's arithmetic (which flushes what lies below 2⁻¹²⁶) on the
+// tiny operands breaks it, as a kernel that flushed in the widened path would.
+BOOST_AUTO_TEST_CASE(a_flushing_product_fails_the_widened_bound) {
+    const testing::UseBf16Arithmetic exact(Bf16Arithmetic::vdpbf16ps);
+    std::mt19937_64 rng(56);
+    Tally bitwise, bound;
+    check_widened(tiny(draw_operands(Form::ab, 9, 17, 40, rng)), std::vector<float>(9 * 17, 0.0f), false, bitwise,
+                  bound);
+    BOOST_TEST(bound.failures > 0u, bound.summary());
+}
+
+// Each documented outcome of the widened path that differs from vdpbf16ps's, at every level that
+// widens, in both arithmetics: the arithmetic chosen is the one that runs.
+BOOST_AUTO_TEST_CASE(widened_outcomes_keep_subnormals_where_vdpbf16ps_flushes) {
+    const testing::RestoreCpuLevel restore;
+    for (const CpuLevel level : widening_levels()) {
+        set_cpu_level(level);
+        for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+            const testing::UseBf16Arithmetic use(arithmetic);
+            const bool widened = arithmetic == Bf16Arithmetic::fastest;
+            BOOST_TEST(bf16_products_widened() == widened);
+            const std::string where{cpu_level_name(level)};
+            // A bfloat16 subnormal (2⁻¹³³) times 2¹⁰⁰: 2⁻³³ (vdpbf16ps: DAZ, 0).
+            BOOST_TEST(same(one_element({0x0001}, {bf(0x1p100)}, 0.0f, false), widened ? 0x1p-33f : 0.0f), where);
+            // A subnormal C (2⁻¹³⁰) added to: kept (vdpbf16ps: read as +0).
+            BOOST_TEST(same(one_element({bf(0.0)}, {bf(1.0)}, 0x1p-130f, true), widened ? 0x1p-130f : 0.0f), where);
+            // A product below 2⁻¹²⁶: −2⁻¹²⁷, a subnormal (vdpbf16ps: FTZ, −0).
+            BOOST_TEST(same(one_element({bf(-0x1p-63)}, {bf(0x1p-64)}, 0.0f, false), widened ? -0x1p-127f : -0.0f),
+                       where);
+            // What both share: k = 0 leaves C or gives +0, overflow is inf, inf·0 is NaN.
+            BOOST_TEST(same(one_element({}, {}, 3.0f, true), 3.0f), where);
+            BOOST_TEST(same(one_element({}, {}, 3.0f, false), 0.0f), where);
+            BOOST_TEST(
+                same(one_element({bf(0x1p100)}, {bf(0x1p100)}, 0.0f, false), std::numeric_limits<float>::infinity()),
+                where);
+            BOOST_TEST(std::isnan(one_element({0x7f80}, {bf(0.0)}, 0.0f, false)), where);
+        }
+    }
+}
+
+// At the avx512_bf16 level the fastest arithmetic is vdpbf16ps itself: nothing widens.
+BOOST_AUTO_TEST_CASE(fastest_is_vdpbf16ps_where_the_cpu_has_it) {
+    if (!cpu_level_available(CpuLevel::avx512_bf16)) {
+        BOOST_TEST_MESSAGE("this CPU lacks AVX512_BF16: nothing to compare");
+        return;
+    }
+    const testing::RestoreCpuLevel restore;
+    const testing::UseBf16Arithmetic fastest(Bf16Arithmetic::fastest);
+    set_cpu_level(CpuLevel::avx512_bf16);
+    BOOST_TEST(!bf16_products_widened());
+    std::mt19937_64 rng(57);
+    Tally bitwise;
+    for (const Form form : forms)
+        check_bitwise(engine_kernels<float>().gemm_bf16_block, draw_operands(form, 37, 53, 41, rng),
+                      float_draws(37 * 53, rng), true, bitwise);
+    const Operands op = draw_operands(Form::ab, 37, 53, 41, rng);
+    std::vector<float> C(37 * 53), reference(37 * 53);
+    kernels::gemm_bf16(op.form, op.m, op.n, op.k, op.A.data(), op.B.data(), C.data(), false);
+    for (std::size_t i = 0; i < op.m; ++i)
+        for (std::size_t j = 0; j < op.n; ++j) reference[i * op.n + j] = reference_element(op, i, j, 0.0f, false);
+    for (std::size_t x = 0; x < C.size(); ++x) bitwise.expect(same(C[x], reference[x]), fmt::format("at {}", x));
+    BOOST_TEST(bitwise.failures == 0u, bitwise.summary());
+}
+
+// The arithmetic at start-up is TAPEGRAD_BF16's (fastest when unset), and it is the one that runs:
+// a bfloat16 subnormal counts in the widened path only. CTest reruns this case under
+// TAPEGRAD_BF16=vdpbf16ps and =fastest at the avx2 level, and refuses an unknown word
+// (tests/CMakeLists.txt).
+BOOST_AUTO_TEST_CASE(the_arithmetic_at_start_up_is_TAPEGRAD_BF16s) {
+    const char* const word = std::getenv("TAPEGRAD_BF16");
+    const bool asks_exact = word != nullptr && std::string_view(word) == "vdpbf16ps";
+    BOOST_TEST_MESSAGE("TAPEGRAD_BF16=" << (word ? word : "(unset)") << ", level " << cpu_level_name(cpu_level()));
+    BOOST_TEST((bf16_arithmetic() == (asks_exact ? Bf16Arithmetic::vdpbf16ps : Bf16Arithmetic::fastest)));
+    const bool widened = !asks_exact && cpu_level() != CpuLevel::avx512_bf16;
+    BOOST_TEST(bf16_products_widened() == widened);
+    BOOST_TEST(same(one_element({0x0001}, {bf(0x1p100)}, 0.0f, false), widened ? 0x1p-33f : 0.0f));
 }

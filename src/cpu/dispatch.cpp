@@ -2,7 +2,8 @@
 // tables (engine_kernels<T>(), autodiff/cpu.hpp; op_kernels<T>(), ops/fast/kernels.hpp). The choice is made once, at the first call:
 // TAPEGRAD_CPU when set, else the best level built in that the CPU supports (CPUID, through
 // __builtin_cpu_supports, which also checks that the OS saves the AVX/AVX-512 registers; the
-// AVX512_BF16 bit read from CPUID itself, on top of the avx512 level's checks).
+// AVX512_BF16 bit read from CPUID itself, on top of the avx512 level's checks). It also keeps the
+// bfloat16 product's arithmetic (TAPEGRAD_BF16, Bf16Arithmetic).
 #include "src/cpu/kernel_table.hpp"
 
 #include "autodiff/error.hpp"
@@ -122,6 +123,29 @@ void set_cpu_level(CpuLevel level) {
     }
     active_slot().store(table_of(level));
 }
+
+namespace {
+
+// The arithmetic TAPEGRAD_BF16 asks for, or fastest when it is unset or empty.
+Bf16Arithmetic bf16_arithmetic_at_start() {
+    const char* const word = std::getenv("TAPEGRAD_BF16");
+    if (word == nullptr || *word == '\0') return Bf16Arithmetic::fastest;
+    for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+        if (bf16_arithmetic_name(arithmetic) == word) return arithmetic;
+    }
+    throw value_error(fmt::format("TAPEGRAD_BF16={}: unknown arithmetic; expected fastest or vdpbf16ps", word));
+}
+
+std::atomic<Bf16Arithmetic>& bf16_arithmetic_slot() {
+    static std::atomic<Bf16Arithmetic> slot{bf16_arithmetic_at_start()};
+    return slot;
+}
+
+}  // namespace
+
+Bf16Arithmetic bf16_arithmetic() { return bf16_arithmetic_slot().load(std::memory_order_relaxed); }
+
+void set_bf16_arithmetic(Bf16Arithmetic arithmetic) { bf16_arithmetic_slot().store(arithmetic); }
 
 template <>
 const EngineKernels<double>& engine_kernels<double>() {
