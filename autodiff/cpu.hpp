@@ -59,7 +59,7 @@ void set_cpu_level(CpuLevel level);
 /// The environment variable TAPEGRAD_BF16=fastest|vdpbf16ps chooses at start-up (fastest by default).
 enum class Bf16Arithmetic {
     /// vdpbf16ps where the CPU has AVX512_BF16; elsewhere the operands widened to float32 and
-    /// multiplied by the level's float32 product (the fast one: about 30x the emulation's speed).
+    /// multiplied by the level's float32 product (18 to 30 times the emulation's speed on the development host).
     fastest,
     /// vdpbf16ps's arithmetic at every level, emulated exactly where the instruction is missing: the
     /// same bits as an AVX512_BF16 machine, to reproduce its run bit for bit.

@@ -149,7 +149,7 @@ inline std::unique_ptr<float[]> widened_bf16(const std::uint16_t* x, std::size_t
 ///
 /// **vdpbf16ps** (Bf16Arithmetic::vdpbf16ps, or fastest on the avx512_bf16 level): the arithmetic
 /// of vdpbf16ps (Intel SDM vol. 2, VDPBF16PS, "Operation"), the same bits at every level (the
-/// avx512_bf16 level runs the instruction, the others emulate it exactly, about 30 times slower than
+/// avx512_bf16 level runs the instruction, the others emulate it exactly, 18 to 30 times slower than
 /// the widened path), on any number of threads and for any split of C, since each element is one
 /// chain of roundings:
 ///   c ← C[i,j] when accumulate (a subnormal read as a zero of its sign), else +0;

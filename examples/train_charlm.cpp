@@ -364,7 +364,7 @@ int run(const RunOptions& r, const Corpus& corpus, const std::vector<std::filesy
                        cpu_level_name(cpu_level()));
         } else {
             fmt::print("note: the CPU level is {}, without AVX512_BF16: the bfloat16 products are emulated exactly "
-                       "(TAPEGRAD_BF16=vdpbf16ps: an AVX512_BF16 machine's results), 6 to 8 times slower than "
+                       "(TAPEGRAD_BF16=vdpbf16ps: an AVX512_BF16 machine's results), 7 to 9 times slower than "
                        "float32 steps (docs/performance.md)\n",
                        cpu_level_name(cpu_level()));
         }
