@@ -66,13 +66,15 @@ enum class Bf16Arithmetic {
     vdpbf16ps,
 };
 
+inline constexpr std::array<Bf16Arithmetic, 2> all_bf16_arithmetics{Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps};
+
 /// The word TAPEGRAD_BF16 takes for an arithmetic.
 constexpr std::string_view bf16_arithmetic_name(Bf16Arithmetic arithmetic) {
     return arithmetic == Bf16Arithmetic::fastest ? "fastest" : "vdpbf16ps";
 }
 
-/// The arithmetic of the bfloat16 product: TAPEGRAD_BF16 when set (value_error for an unknown
-/// word), else fastest.
+/// The arithmetic of the bfloat16 product: TAPEGRAD_BF16 when set and not empty (value_error for an
+/// unknown word), else fastest.
 Bf16Arithmetic bf16_arithmetic();
 /// Switches every later bfloat16 product to `arithmetic`. Not to be called while kernels run on
 /// other threads.

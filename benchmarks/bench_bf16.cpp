@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
     const Bf16Arithmetic start_arithmetic = bf16_arithmetic();
     for (const CpuLevel level : available_cpu_levels()) {
         set_cpu_level(level);
-        for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+        for (const Bf16Arithmetic arithmetic : all_bf16_arithmetics) {
             if (level == CpuLevel::avx512_bf16 && arithmetic == Bf16Arithmetic::vdpbf16ps) continue;  // the same
             set_bf16_arithmetic(arithmetic);
             for (const Size& size : sizes) bench(size, peak, rounds, rng);

@@ -140,6 +140,21 @@ void check_bitwise(kernels::Bf16GemmBlock kernel, const Operands& op, const std:
         }
 }
 
+// C0 + Σ_p a_p·b_p for element (i, j) as a float64 sum of the exact products (each exact in double),
+// and C0's and the products' magnitudes summed: what the bound checks hold a result to.
+struct ExactSum {
+    double value, magnitude;
+};
+ExactSum exact_sum(const Operands& op, std::size_t i, std::size_t j, double c0) {
+    ExactSum sum{c0, std::fabs(c0)};
+    for (std::size_t p = 0; p < op.k; ++p) {
+        const double product = double(op.a(i, p)) * double(op.b(p, j));
+        sum.value += product;
+        sum.magnitude += std::fabs(product);
+    }
+    return sum;
+}
+
 // The kernel on all of C against a float64 sum of the exact products (each exact in double), within
 // autodiff/kernels.hpp's bound: γ_s·(|C0| + Σ|a·b|) + (s + 1)·2⁻¹²⁶, s = 2⌈k/2⌉ steps. (The float64
 // sum's own error, k·2⁻⁵³ relative, is 2⁻²⁹ of the bound.)
@@ -150,16 +165,11 @@ void check_bound(kernels::Bf16GemmBlock kernel, const Operands& op, const std::v
     const double steps = double(2 * ((op.k + 1) / 2)), u = 0x1p-24, gamma = steps * u / (1 - steps * u);
     for (std::size_t i = 0; i < op.m; ++i)
         for (std::size_t j = 0; j < op.n; ++j) {
-            const double c0 = accumulate ? C0[i * op.n + j] : 0.0;
-            double exact = c0, magnitude = std::fabs(c0);
-            for (std::size_t p = 0; p < op.k; ++p) {
-                exact += double(op.a(i, p)) * double(op.b(p, j));
-                magnitude += std::fabs(double(op.a(i, p)) * double(op.b(p, j)));
-            }
-            const double error = std::fabs(double(C[i * op.n + j]) - exact);
-            tally.expect(error <= gamma * magnitude + (steps + 1) * 0x1p-126,
+            const ExactSum exact = exact_sum(op, i, j, accumulate ? C0[i * op.n + j] : 0.0);
+            const double error = std::fabs(double(C[i * op.n + j]) - exact.value);
+            tally.expect(error <= gamma * exact.magnitude + (steps + 1) * 0x1p-126,
                          fmt::format("form {} m={} n={} k={} at ({}, {}): error {:.3e}, bound {:.3e}", int(op.form),
-                                     op.m, op.n, op.k, i, j, error, gamma * magnitude));
+                                     op.m, op.n, op.k, i, j, error, gamma * exact.magnitude));
         }
 }
 
@@ -362,7 +372,7 @@ BOOST_AUTO_TEST_CASE(every_level_gives_the_same_bits_in_vdpbf16ps_arithmetic) {
 // threads, in both arithmetics.
 BOOST_AUTO_TEST_CASE(threads_change_no_bit) {
     std::mt19937_64 rng(54);
-    for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps})
+    for (const Bf16Arithmetic arithmetic : all_bf16_arithmetics)
         for (const auto& [m, n, k] :
              {std::array<std::size_t, 3>{256, 128, 130}, std::array<std::size_t, 3>{64, 600, 121}}) {
             const testing::UseBf16Arithmetic use(arithmetic);
@@ -452,12 +462,9 @@ void check_widened(const Operands& op, const std::vector<float>& C0, bool accumu
                             int(op.form), op.m, op.n, op.k, accumulate, i, j);
             bitwise.expect(same(C[x], expected[x]),
                            fmt::format("{}: {} instead of {}", where, bits(C[x]), bits(expected[x])));
-            double exact = accumulate ? C0[x] : 0.0, magnitude = std::fabs(exact);
-            for (std::size_t p = 0; p < op.k; ++p) {
-                exact += double(op.a(i, p)) * double(op.b(p, j));
-                magnitude += std::fabs(double(op.a(i, p)) * double(op.b(p, j)));
-            }
-            const double error = std::fabs(double(C[x]) - exact), allowed = gamma * magnitude + double(op.k) * 0x1p-149;
+            const ExactSum exact = exact_sum(op, i, j, accumulate ? C0[x] : 0.0);
+            const double error = std::fabs(double(C[x]) - exact.value),
+                         allowed = gamma * exact.magnitude + double(op.k) * 0x1p-149;
             bound.expect(error <= allowed, fmt::format("{}: error {:.3e}, bound {:.3e}", where, error, allowed));
         }
 }
@@ -516,7 +523,7 @@ BOOST_AUTO_TEST_CASE(widened_outcomes_keep_subnormals_where_vdpbf16ps_flushes) {
     const testing::RestoreCpuLevel restore;
     for (const CpuLevel level : widening_levels()) {
         set_cpu_level(level);
-        for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+        for (const Bf16Arithmetic arithmetic : all_bf16_arithmetics) {
             const testing::UseBf16Arithmetic use(arithmetic);
             const bool widened = arithmetic == Bf16Arithmetic::fastest;
             BOOST_TEST(bf16_products_widened() == widened);
@@ -551,22 +558,26 @@ BOOST_AUTO_TEST_CASE(fastest_is_vdpbf16ps_where_the_cpu_has_it) {
     BOOST_TEST(!bf16_products_widened());
     std::mt19937_64 rng(57);
     Tally bitwise;
-    for (const Form form : forms)
-        check_bitwise(engine_kernels<float>().gemm_bf16_block, draw_operands(form, 37, 53, 41, rng),
-                      float_draws(37 * 53, rng), true, bitwise);
-    const Operands op = draw_operands(Form::ab, 37, 53, 41, rng);
-    std::vector<float> C(37 * 53), reference(37 * 53);
-    kernels::gemm_bf16(op.form, op.m, op.n, op.k, op.A.data(), op.B.data(), C.data(), false);
-    for (std::size_t i = 0; i < op.m; ++i)
-        for (std::size_t j = 0; j < op.n; ++j) reference[i * op.n + j] = reference_element(op, i, j, 0.0f, false);
-    for (std::size_t x = 0; x < C.size(); ++x) bitwise.expect(same(C[x], reference[x]), fmt::format("at {}", x));
+    for (const Form form : forms) {  // kernels::gemm_bf16 itself, C += op(A)·op(B), against the reference
+        const Operands op = draw_operands(form, 37, 53, 41, rng);
+        const std::vector<float> C0 = float_draws(op.m * op.n, rng);
+        std::vector<float> C = C0;
+        kernels::gemm_bf16(op.form, op.m, op.n, op.k, op.A.data(), op.B.data(), C.data(), true);
+        for (std::size_t i = 0; i < op.m; ++i)
+            for (std::size_t j = 0; j < op.n; ++j) {
+                const float expected = reference_element(op, i, j, C0[i * op.n + j], true);
+                bitwise.expect(same(C[i * op.n + j], expected),
+                               fmt::format("form {} at ({}, {}): {} instead of {}", int(form), i, j,
+                                           bits(C[i * op.n + j]), bits(expected)));
+            }
+    }
     BOOST_TEST(bitwise.failures == 0u, bitwise.summary());
 }
 
 // The arithmetic at start-up is TAPEGRAD_BF16's (fastest when unset), and it is the one that runs:
 // a bfloat16 subnormal counts in the widened path only. CTest reruns this case under
-// TAPEGRAD_BF16=vdpbf16ps and =fastest at the avx2 level, and refuses an unknown word
-// (tests/CMakeLists.txt).
+// TAPEGRAD_BF16=vdpbf16ps, =fastest and = (empty: fastest) at the avx2 level, and refuses words
+// next to the valid ones (tests/CMakeLists.txt).
 BOOST_AUTO_TEST_CASE(the_arithmetic_at_start_up_is_TAPEGRAD_BF16s) {
     const char* const word = std::getenv("TAPEGRAD_BF16");
     const bool asks_exact = word != nullptr && std::string_view(word) == "vdpbf16ps";

@@ -130,7 +130,7 @@ namespace {
 Bf16Arithmetic bf16_arithmetic_at_start() {
     const char* const word = std::getenv("TAPEGRAD_BF16");
     if (word == nullptr || *word == '\0') return Bf16Arithmetic::fastest;
-    for (const Bf16Arithmetic arithmetic : {Bf16Arithmetic::fastest, Bf16Arithmetic::vdpbf16ps}) {
+    for (const Bf16Arithmetic arithmetic : all_bf16_arithmetics) {
         if (bf16_arithmetic_name(arithmetic) == word) return arithmetic;
     }
     throw value_error(fmt::format("TAPEGRAD_BF16={}: unknown arithmetic; expected fastest or vdpbf16ps", word));
