@@ -31,9 +31,19 @@ import subprocess
 import sys
 import time
 
-STEPS = 150           # the schedule's length: long enough for 7 kills, short enough for seconds per dtype
+STEPS = 400           # the schedule's length: 7 kills in its first third, short enough for seconds per dtype
 SAVE_EVERY = 5        # a checkpoint write every 5 steps: random kills land in writes too
 RANDOM_KILLS = 5
+# The random kills' steps are drawn from the first quarter of the run, after the second checkpoint.
+# A step of the small model takes 0.25-0.5 ms, so a run killed a few steps before its end could
+# finish before the signal came when the test waited longer than it meant to (a busy machine: seen
+# once, a run killed at step 136 of 150 ended with status 0); the last kill now leaves at least 250
+# steps, about 75 ms of work, to the run it kills. And the first kill, a random one, must leave a
+# complete checkpoint on disk, which the two kills in a write expect to find (DIR beside the
+# incomplete DIR.partial, DIR renamed to DIR.previous): a kill reported after step 10 comes after
+# the write of step 5 (seen once, a kill at step 3 left no checkpoint and the next kill's
+# expectation failed).
+RANDOM_KILL_STEPS = range(2 * SAVE_EVERY, STEPS // 4)
 PAUSE_TIMEOUT = 30.0  # seconds to wait for the hook's announcement or a step to be reached
 
 
@@ -132,7 +142,7 @@ def one_dtype(children, trainer, model, dtype, work, generator):
     # The random kills' steps are drawn at once, spread over the run, and taken in order (a step the
     # run has already passed, after a pause kill went further, becomes the next step it reports).
     plan = ["random", "files", "random", "random", "renamed", "random", "random"]
-    random_steps = sorted(generator.sample(range(1, STEPS), RANDOM_KILLS))
+    random_steps = sorted(generator.sample(RANDOM_KILL_STEPS, RANDOM_KILLS))
     kills = 0
     expect_partial = False
     while True:
