@@ -85,14 +85,15 @@ constexpr std::size_t round_up(std::size_t x, std::size_t step) { return (x + st
 // panel, whole panels of Panel lanes (`panel` when Panel is 0) interleaved with the count known when
 // compiling, then the last panel when it is narrower, `last_width` wide.
 template <std::size_t Panel>
-void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, std::size_t panel,
-                   std::size_t last_width, std::size_t q0, std::size_t pairs, std::size_t whole, std::uint16_t* out) {
+void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, std::size_t panel, std::size_t last_width,
+                   std::size_t q0, std::size_t pairs, std::size_t whole, std::uint16_t* out) {
     const std::size_t full = lanes / panel * panel;  // the lanes of the whole panels
     for (std::size_t q = 0; q < pairs; ++q) {
         const std::uint16_t* even = op.x + 2 * (q0 + q) * op.k_stride + first;
         const std::uint16_t* odd = q < whole ? even + op.k_stride : nullptr;
         for (std::size_t p = 0; p < full; p += panel)
-            interleave_pairs<Panel>(even + p, odd == nullptr ? nullptr : odd + p, out + 2 * (p * pairs + q * panel), panel);
+            interleave_pairs<Panel>(even + p, odd == nullptr ? nullptr : odd + p, out + 2 * (p * pairs + q * panel),
+                                    panel);
         if (full < lanes) {
             interleave_pairs<0>(even + full, odd == nullptr ? nullptr : odd + full,
                                 out + 2 * (full * pairs + q * last_width), lanes - full);
@@ -123,11 +124,20 @@ inline void pack_bf16(const Bf16Lanes& op, std::size_t k, std::size_t first, std
     } else {
         const std::size_t last_width = width_at(lanes / panel * panel);
         switch (panel) {  // the tiles' rows and panels (EmulatedBf16Tile, NativeBf16Tile)
-            case 4: pack_two_rows<4>(op, first, lanes, panel, last_width, q0, pairs, whole, out); break;
-            case 8: pack_two_rows<8>(op, first, lanes, panel, last_width, q0, pairs, whole, out); break;
-            case 16: pack_two_rows<16>(op, first, lanes, panel, last_width, q0, pairs, whole, out); break;
-            case 48: pack_two_rows<48>(op, first, lanes, panel, last_width, q0, pairs, whole, out); break;
-            default: pack_two_rows<0>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
+            case 4:
+                pack_two_rows<4>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
+                break;
+            case 8:
+                pack_two_rows<8>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
+                break;
+            case 16:
+                pack_two_rows<16>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
+                break;
+            case 48:
+                pack_two_rows<48>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
+                break;
+            default:
+                pack_two_rows<0>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
         }
     }
     for (std::size_t p = 0; p < lanes; p += panel) {
