@@ -82,18 +82,18 @@ inline void interleave_pairs(const std::uint16_t* __restrict even, const std::ui
 constexpr std::size_t round_up(std::size_t x, std::size_t step) { return (x + step - 1) / step * step; }
 
 // pack_bf16's loop for pairs whose halves lie in two rows (lane_stride 1): row by row across every
-// panel, whole panels of Panel lanes (`panel` when Panel is 0) interleaved with the count known when
-// compiling, then the last panel when it is narrower, `last_width` wide.
+// panel, whole panels of Panel lanes interleaved with the count known when compiling, then the last
+// panel when it is narrower, `last_width` wide.
 template <std::size_t Panel>
-void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, std::size_t panel, std::size_t last_width,
-                   std::size_t q0, std::size_t pairs, std::size_t whole, std::uint16_t* out) {
-    const std::size_t full = lanes / panel * panel;  // the lanes of the whole panels
+void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, std::size_t last_width, std::size_t q0,
+                   std::size_t pairs, std::size_t whole, std::uint16_t* out) {
+    const std::size_t full = lanes / Panel * Panel;  // the lanes of the whole panels
     for (std::size_t q = 0; q < pairs; ++q) {
         const std::uint16_t* even = op.x + 2 * (q0 + q) * op.k_stride + first;
         const std::uint16_t* odd = q < whole ? even + op.k_stride : nullptr;
-        for (std::size_t p = 0; p < full; p += panel)
-            interleave_pairs<Panel>(even + p, odd == nullptr ? nullptr : odd + p, out + 2 * (p * pairs + q * panel),
-                                    panel);
+        for (std::size_t p = 0; p < full; p += Panel)
+            interleave_pairs<Panel>(even + p, odd == nullptr ? nullptr : odd + p, out + 2 * (p * pairs + q * Panel),
+                                    Panel);
         if (full < lanes) {
             interleave_pairs<0>(even + full, odd == nullptr ? nullptr : odd + full,
                                 out + 2 * (full * pairs + q * last_width), lanes - full);
@@ -101,47 +101,33 @@ void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, st
     }
 }
 
-// Lanes [first, first + lanes) × pairs [q0, q0 + pairs) packed in panels of `panel` lanes: panel p
-// holds the lanes from first + p·panel, its lane l's pair q at out + 2(p·panel·pairs + q·width + l),
-// width = min(panel, the lanes left rounded up to `align`), and lanes past the operand's +0. Two
-// loops, by where a pair's halves lie: side by side in a row (k_stride 1: each lane's pairs copied
-// in order) or in two rows (lane_stride 1: the two rows interleaved, row by row across every panel,
-// so that each row is read once and in order; a panel at a time, each row's cache lines were read
-// again for every panel, and the packing took a third of Xᵀ·dY's time, perf).
-inline void pack_bf16(const Bf16Lanes& op, std::size_t k, std::size_t first, std::size_t lanes, std::size_t panel,
-                      std::size_t align, std::size_t q0, std::size_t pairs, std::uint16_t* out) {
+// Lanes [first, first + lanes) × pairs [q0, q0 + pairs) packed in panels of Panel lanes (a tile's
+// rows, a panel's columns): panel p holds the lanes from first + p·Panel, its lane l's pair q at
+// out + 2(p·Panel·pairs + q·width + l), width = min(Panel, the lanes left rounded up to `align`), and
+// lanes past the operand's +0. Two loops, by where a pair's halves lie: side by side in a row
+// (k_stride 1: each lane's pairs copied in order) or in two rows (lane_stride 1: the two rows
+// interleaved, row by row across every panel, so that each row is read once and in order; a panel
+// at a time, each row's cache lines were read again for every panel, and the packing took a third
+// of Xᵀ·dY's time, perf).
+template <std::size_t Panel>
+void pack_bf16(const Bf16Lanes& op, std::size_t k, std::size_t first, std::size_t lanes, std::size_t align,
+               std::size_t q0, std::size_t pairs, std::uint16_t* out) {
     const bool half_last = 2 * (q0 + pairs) > k;  // k odd, and its last pair among these
     const std::size_t whole = pairs - (half_last ? 1 : 0);
-    const auto width_at = [&](std::size_t p) { return std::min(panel, round_up(lanes - p, align)); };
+    const auto width_at = [&](std::size_t p) { return std::min(Panel, round_up(lanes - p, align)); };
     if (op.k_stride == 1) {
         for (std::size_t l = 0; l < lanes; ++l) {
-            const std::size_t p = l / panel * panel, width = width_at(p);
+            const std::size_t p = l / Panel * Panel, width = width_at(p);
             std::uint16_t* const to = out + 2 * (p * pairs + l - p);
             const std::uint16_t* from = op.x + (first + l) * op.lane_stride + 2 * q0;
             for (std::size_t q = 0; q < whole; ++q) std::memcpy(to + 2 * q * width, from + 2 * q, 2 * sizeof *from);
             if (half_last) store_pair(to + 2 * whole * width, from[2 * whole], 0);
         }
     } else {
-        const std::size_t last_width = width_at(lanes / panel * panel);
-        switch (panel) {  // the tiles' rows and panels (EmulatedBf16Tile, NativeBf16Tile)
-            case 4:
-                pack_two_rows<4>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
-                break;
-            case 8:
-                pack_two_rows<8>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
-                break;
-            case 16:
-                pack_two_rows<16>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
-                break;
-            case 48:
-                pack_two_rows<48>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
-                break;
-            default:
-                pack_two_rows<0>(op, first, lanes, panel, last_width, q0, pairs, whole, out);
-        }
+        pack_two_rows<Panel>(op, first, lanes, width_at(lanes / Panel * Panel), q0, pairs, whole, out);
     }
-    for (std::size_t p = 0; p < lanes; p += panel) {
-        const std::size_t width = width_at(p), used = std::min(panel, lanes - p);
+    for (std::size_t p = 0; p < lanes; p += Panel) {
+        const std::size_t width = width_at(p), used = std::min(Panel, lanes - p);
         for (std::size_t q = 0; q < pairs && used < width; ++q)
             std::fill(out + 2 * (p * pairs + q * width + used), out + 2 * (p * pairs + (q + 1) * width), 0);
     }
@@ -188,7 +174,7 @@ Bf16Pairs rows_for_tile(const Bf16Lanes& a_rows, std::size_t k, std::size_t i, s
     if (a_rows.k_stride == 1 && k % 2 == 0 && rows == Tile::rows) {
         return {a_rows.x + i * a_rows.lane_stride + 2 * q0, a_rows.lane_stride, 2};
     }
-    pack_bf16(a_rows, k, i, rows, Tile::rows, Tile::rows, q0, pairs, packed);
+    pack_bf16<Tile::rows>(a_rows, k, i, rows, Tile::rows, q0, pairs, packed);
     return {packed, 2, 2 * Tile::rows};
 }
 
@@ -200,13 +186,13 @@ void bf16_block(const Bf16Lanes& a_rows, const Bf16Lanes& b_cols, std::size_t k,
                 std::size_t rows, std::size_t cols, std::size_t q0, std::size_t pairs, float* C, std::size_t ldc,
                 bool start_from_zero, std::uint16_t* a, std::uint16_t* b) {
     constexpr std::size_t panel_cols = 16 * Tile::vectors;
-    pack_bf16(b_cols, k, j0, cols, panel_cols, 16, q0, pairs, b);
+    pack_bf16<panel_cols>(b_cols, k, j0, cols, 16, q0, pairs, b);
     std::array<Bf16Pairs, round_up(bf16_block_rows, Tile::rows) / Tile::rows> row_pairs;
     for (std::size_t i = 0; i < rows; i += bf16_block_rows) {
         const std::size_t block_rows = std::min(bf16_block_rows, rows - i);
         // Rows whose pairs lie in two rows of A are packed for every tile at once (pack_bf16).
         const bool interleaved = a_rows.k_stride != 1;
-        if (interleaved) pack_bf16(a_rows, k, i0 + i, block_rows, Tile::rows, Tile::rows, q0, pairs, a);
+        if (interleaved) pack_bf16<Tile::rows>(a_rows, k, i0 + i, block_rows, Tile::rows, q0, pairs, a);
         for (std::size_t r = 0; r < block_rows; r += Tile::rows) {
             row_pairs[r / Tile::rows] =
                 interleaved ? Bf16Pairs{a + 2 * r * pairs, 2, 2 * Tile::rows}
