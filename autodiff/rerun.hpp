@@ -158,13 +158,35 @@ std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& ou
     return leaves;
 }
 
+/// Where a re-run finds each op's sibling for (S → U): a lookup by op struct (nullptr when the op has
+/// none), and, for the refusal of an op without one, U's name and how a user registers them. The library registry
+/// above serves every type of SiblingsFrom; certified gradients keep their interval siblings in a
+/// registry of their own (check/certify.hpp), so that the core library compiles no interval code.
+template <Scalar S, Scalar U>
+struct SiblingSource {
+    const Sibling<S, U>* (*find)(const std::type_info& op) = nullptr;
+    std::string_view target;
+    std::string_view how_to_register;
+};
+
+/// The library registry's siblings (register_siblings, register_op).
+template <Scalar S, Scalar U>
+SiblingSource<S, U> registered_siblings() {
+    return {[](const std::type_info& op) -> const Sibling<S, U>* {
+                const OpSiblings* siblings = detail::find_siblings(op);
+                return siblings == nullptr ? nullptr : &siblings->template get<S, U>();
+            },
+            detail::scalar_name<U>(), "tapegrad::register_siblings<its struct>() (autodiff/rerun.hpp)"};
+}
+
 /// Records the graph of `source` up to `output` again on `target` (the tape of `leaves`, which stand
 /// for gradient_leaves(source, output), in that order) and returns the re-run output. Constants are
 /// recorded on `target` with their recorded values and labels; every node keeps its label. When
-/// `nodes` is given, it receives the re-run value of every recorded node (index i for node i).
+/// `nodes` is given, it receives the re-run value of every recorded node (index i for node i). Each
+/// op records through its sibling from `siblings` (the library registry unless told).
 template <Scalar S, Scalar U>
 Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>> leaves,
-             std::vector<Var<U>>* nodes = nullptr) {
+             std::vector<Var<U>>* nodes = nullptr, SiblingSource<S, U> siblings = registered_siblings<S, U>()) {
     const std::vector<std::uint32_t> leaf_nodes = gradient_leaves(source, output);
     if (leaves.size() != leaf_nodes.size() || leaves.empty()) {
         throw usage_error(fmt::format("rerun: the recorded graph has {} leaves that need a gradient, {} given",
@@ -180,12 +202,11 @@ Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>
                                            : target.constant(detail::tensor_as<U>(node.value), node.label);
             continue;
         }
-        const OpSiblings* siblings = detail::find_siblings(*node.kind->op);
-        if (siblings == nullptr) {
-            throw usage_error(fmt::format(
-                "rerun: op '{}' (node {}) has no siblings to re-run it at {}; register them with "
-                "tapegrad::register_siblings<its struct>() (autodiff/rerun.hpp)",
-                node.kind->name, i, detail::scalar_name<U>()));
+        const Sibling<S, U>* sibling = siblings.find(*node.kind->op);
+        if (sibling == nullptr || sibling->record == nullptr) {
+            throw usage_error(fmt::format("rerun: op '{}' (node {}) has no siblings to re-run it at {}; register them "
+                                          "with {}",
+                                          node.kind->name, i, siblings.target, siblings.how_to_register));
         }
         if (node.inputs.empty()) {  // a sibling records on its first input's tape
             throw usage_error(fmt::format("rerun: op '{}' (node {}) has no inputs; only ops of at least one input "
@@ -193,7 +214,7 @@ Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>
         }
         std::vector<Var<U>> inputs;
         for (const std::uint32_t input : node.inputs) inputs.push_back(mapped[input]);
-        mapped[i] = siblings->template get<S, U>().record(node.settings, inputs);
+        mapped[i] = sibling->record(node.settings, inputs);
         if (!node.label.empty()) mapped[i].named(node.label);
     }
     const Var<U> out = mapped[output.index()];

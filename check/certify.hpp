@@ -1,10 +1,12 @@
 /// \file
 /// Certified gradients: for every gradient element of a graph, an interval that provably holds the
 /// exact derivative, and one that provably holds what the hand-written VJPs give, with no step and no
-/// tolerance (issue 50). The graph is the checker's generic lambda (check/gradcheck.hpp):
+/// tolerance (issue 50). The graph is the checker's generic lambda (check/gradcheck.hpp), or a tape
+/// that ordinary code recorded, as the recorded check takes it (check/recorded.hpp):
 ///
 ///     CertificationReport report = certify_gradients(graph, {{"X", X}, {"W", W}});
 ///     report.summary();   // "certified 24 of 24 derivatives: |VJP − derivative| ≤ 3.1e-48 ..."
+///     CertificationReport same = certify_gradients(tape, J);   // a Tape<double> or Tape<float>
 ///
 /// How. Interval arithmetic at 50 digits (autodiff/interval.hpp) encloses the exact real result of
 /// the same code. (1) The graph recorded on a Tape<Interval> from the leaves as point intervals, and
@@ -29,10 +31,13 @@
 /// per leaf element, each operation a 50-digit MPFI one: meant for the graphs a test checks (the
 /// spec-shaped attention's 24 elements take milliseconds, tests/test_certify.cpp).
 /// Certifications take turns in a process (they share the interval ambiguity log).
-/// Include this header only where you certify, and link tapegrad::certify (MPFI, MPFR, GMP).
+/// Include this header only where you certify, and link tapegrad::certify (its static library, with
+/// the interval siblings of every library op and the recorded tape's certification, and MPFI, MPFR,
+/// GMP).
 #pragma once
 
 #include "autodiff/interval.hpp"
+#include "autodiff/interval_rerun.hpp"
 #include "check/gradcheck.hpp"
 
 #include <fmt/format.h>
@@ -100,55 +105,56 @@ inline void judge(CertifiedDerivative& d) {
     }
 }
 
-template <Scalar T, std::size_t N>
-std::array<Var<T>, N> interval_leaves(Tape<T>& tape, const std::array<NamedTensor, N>& leaves, std::size_t tangent_at) {
-    std::array<Var<T>, N> vars;
+/// The leaves on `tape` as point intervals; on a dual tape, the tangent 1 at flat element
+/// `tangent_at` (counted across the leaves in order) and 0 everywhere else.
+template <Scalar T>
+std::vector<Var<T>> interval_leaves(Tape<T>& tape, std::span<const NamedTensor> leaves, std::size_t tangent_at) {
+    std::vector<Var<T>> vars;
     std::size_t offset = 0;
-    for (std::size_t l = 0; l < N; ++l) {
-        Tensor<T> value(leaves[l].value.shape());
+    for (const NamedTensor& leaf : leaves) {
+        Tensor<T> value(leaf.value.shape());
         for (std::size_t k = 0; k < value.size(); ++k) {
             if constexpr (is_dual_v<T>) {
-                value[k] = T(Interval(leaves[l].value[k]), Interval(offset + k == tangent_at ? 1 : 0));
+                value[k] = T(Interval(leaf.value[k]), Interval(offset + k == tangent_at ? 1 : 0));
             } else {
-                value[k] = T(leaves[l].value[k]);
+                value[k] = T(leaf.value[k]);
             }
         }
         offset += value.size();
-        vars[l] = tape.leaf(std::move(value), leaves[l].name);
+        vars.push_back(tape.leaf(std::move(value), leaf.name));
     }
     return vars;
 }
 
-}  // namespace detail
-
-/// Certifies every gradient element of `graph` (a generic lambda from an array of N Vars to a
-/// one-element J) at `leaves`. See the top of this file.
-template <std::size_t N, class Graph>
-CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTensor, N>& leaves) {
-    detail::IntervalState& state = detail::interval_state();
+/// Certifies every gradient element of `graph`, a callable from the leaves (a span of Vars, on a
+/// Tape<Interval> or a Tape<Dual<Interval>>) to a one-element J, at `leaves`: the work of both
+/// certify_gradients below. See the top of this file.
+template <class Graph>
+CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) {
+    IntervalState& state = interval_state();
     const std::lock_guard turn(state.run);
     CertificationReport report;
     // (1) The VJPs, in intervals.
     clear_interval_ambiguities();
     Tape<Interval> reverse;
-    std::array<Var<Interval>, N> vars = detail::interval_leaves(reverse, leaves, 0);
-    const Var<Interval> J = graph(vars);
+    const std::vector<Var<Interval>> vars = interval_leaves(reverse, leaves, 0);
+    const Var<Interval> J = graph(std::span<const Var<Interval>>(vars));
     if (J.shape().size() != 1) {
         throw usage_error(fmt::format("certify_gradients: J must have one element, it has shape {}", J.shape().to_string()));
     }
     reverse.backward(J);
     const IntervalAmbiguityLog reverse_log = interval_ambiguities();
     const std::string reverse_kink =
-        reverse_log.count == 0 ? std::string() : detail::describe_ambiguity(reverse_log, reverse, "backward pass");
+        reverse_log.count == 0 ? std::string() : describe_ambiguity(reverse_log, reverse, "backward pass");
     // (2) Each element's derivative, one tangent at a time.
     std::size_t flat = 0;
-    for (std::size_t l = 0; l < N; ++l) {
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
         const Tensor<Interval>& gradient = vars[l].grad();
         for (std::size_t k = 0; k < leaves[l].value.size(); ++k, ++flat) {
             clear_interval_ambiguities();
             Tape<Dual<Interval>> forward;
-            std::array<Var<Dual<Interval>>, N> duals = detail::interval_leaves(forward, leaves, flat);
-            const Var<Dual<Interval>> J_dual = graph(duals);
+            const std::vector<Var<Dual<Interval>>> duals = interval_leaves(forward, leaves, flat);
+            const Var<Dual<Interval>> J_dual = graph(std::span<const Var<Dual<Interval>>>(duals));
             const IntervalAmbiguityLog log = interval_ambiguities();
             CertifiedDerivative d;
             d.leaf = leaves[l].name;
@@ -157,10 +163,10 @@ CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTenso
             d.vjp = gradient[k];
             if (log.count > 0 || !reverse_kink.empty()) {
                 d.verdict = Certified::undecided;
-                d.kink = log.count > 0 ? detail::describe_ambiguity(log, forward, fmt::format("forward pass of {}[{}]", d.leaf, k))
+                d.kink = log.count > 0 ? describe_ambiguity(log, forward, fmt::format("forward pass of {}[{}]", d.leaf, k))
                                        : reverse_kink;
             } else {
-                detail::judge(d);
+                judge(d);
             }
             report.derivatives.push_back(std::move(d));
         }
@@ -176,11 +182,37 @@ CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTenso
     return report;
 }
 
+}  // namespace detail
+
+/// Certifies every gradient element of `graph` (a generic lambda from an array of N Vars to a
+/// one-element J) at `leaves`. See the top of this file.
+template <std::size_t N, class Graph>
+CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTensor, N>& leaves) {
+    return detail::certify(
+        [&graph]<Scalar T>(std::span<const Var<T>> vars) {
+            std::array<Var<T>, N> in;
+            std::copy(vars.begin(), vars.end(), in.begin());
+            return graph(in);
+        },
+        std::span<const NamedTensor>(leaves));
+}
+
 /// The same with the leaves written in place, `certify_gradients(graph, {{"X", X}, {"W", W}})`.
 template <std::size_t N, class Graph>
 CertificationReport certify_gradients(Graph&& graph, const NamedTensor (&leaves)[N]) {
     return certify_gradients(graph, std::to_array(leaves));
 }
+
+/// Certifies every gradient element of a graph that ordinary code recorded on a Tape<double> or
+/// Tape<float>, as it stands: the tape re-run in intervals (autodiff/interval_rerun.hpp; leaves,
+/// constants and each op's recorded settings taken exactly, as the recorded check takes them at 50
+/// digits, check/recorded.hpp), once in reverse and once per leaf element in forward mode, with the
+/// verdicts of the generic-lambda form above. The leaves are the tape's leaves that need a gradient,
+/// named by their labels ("leaf 3" for an unnamed one), in recorded order; J must have one element.
+/// A user's op on the tape needs its interval siblings (register_certify_siblings); the library's
+/// ops have theirs. Compiled in tapegrad::certify: a program calling it compiles no interval code.
+CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J);
+CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J);
 
 inline std::string CertificationReport::summary() const {
     std::string text = fmt::format("certified {} of {} derivatives", certified, derivatives.size());

@@ -44,6 +44,7 @@
 #pragma once
 
 #include "autodiff/mp50.hpp"
+#include "autodiff/rerun.hpp"
 #include "autodiff/tape.hpp"
 #include "check/report.hpp"
 
@@ -67,6 +68,29 @@ struct NamedTensor {
     std::string name;
     Tensor<double> value;
 };
+
+namespace detail {
+
+/// The leaves of a recorded tape that need a gradient (gradient_leaves), as a check's named leaves:
+/// each named by its label ("leaf 3" for an unnamed one), its value exact in double. Refuses, naming
+/// `check`, an output of another tape and an output that depends on no such leaf.
+template <Scalar S>
+std::vector<NamedTensor> recorded_leaves(const Tape<S>& tape, const Var<S>& output, std::string_view check) {
+    if (!tape.holds(output)) {
+        throw usage_error(fmt::format("{}: the output is not a value of this tape (another tape's, or from before a "
+                                      "clear())", check));
+    }
+    std::vector<NamedTensor> leaves;
+    for (const std::uint32_t i : gradient_leaves(tape, output)) {
+        const auto node = tape.recorded(i);
+        leaves.push_back({node.label.empty() ? fmt::format("leaf {}", i) : std::string(node.label),
+                          tensor_as<double>(node.value)});
+    }
+    if (leaves.empty()) throw usage_error(fmt::format("{}: the output depends on no leaf that needs a gradient", check));
+    return leaves;
+}
+
+}  // namespace detail
 
 /// The checker's error measure: |analytic − numeric| / max(1, |numeric|), absolute near zero and
 /// relative for large values (what every threshold of the checker bounds).

@@ -116,6 +116,15 @@ void expect_all_certified(const CertificationReport& report, std::size_t element
     BOOST_TEST(worst_relative_bound(report) <= certified_bound, report.summary());
 }
 
+// Random graphs of tests/op_rules.hpp: `every_rule` recipes holding every rule (seeds 7, 8, ...)
+// and `free` recipes drawn freely (seeds 2000, 2001, ...).
+std::vector<testing::rules::Recipe> seeded_recipes(std::uint64_t every_rule, std::uint64_t free) {
+    std::vector<testing::rules::Recipe> recipes;
+    for (std::uint64_t seed = 7; seed < 7 + every_rule; ++seed) recipes.push_back(testing::rules::draw_every_rule(seed));
+    for (std::uint64_t seed = 2000; seed < 2000 + free; ++seed) recipes.push_back(testing::rules::draw(seed));
+    return recipes;
+}
+
 void expect_undecided_at(const CertificationReport& report, std::string_view node_op) {
     expect_consistent(report);
     BOOST_TEST(report.wrong == 0u, report.summary());
@@ -127,6 +136,11 @@ void expect_undecided_at(const CertificationReport& report, std::string_view nod
         BOOST_TEST(d.kink.find("is ambiguous") != std::string::npos, d.kink);
     }
 }
+
+// tanh, registered for the checker's re-run only: a recorded tape holding it cannot be certified.
+struct TanhWithoutIntervalSiblings : Tanh {
+    static constexpr std::string_view name = "tanh without interval siblings";
+};
 
 }  // namespace
 
@@ -375,9 +389,7 @@ BOOST_AUTO_TEST_CASE(a_j_of_more_than_one_element_is_refused) {
 BOOST_AUTO_TEST_CASE(random_graphs_of_every_op_are_certified) {
     using namespace tapegrad::testing::rules;
     tapegrad::set_threads(1);
-    std::vector<Recipe> recipes;
-    for (std::uint64_t seed = 7; seed < 27; ++seed) recipes.push_back(draw_every_rule(seed));
-    for (std::uint64_t seed = 2000; seed < 2300; ++seed) recipes.push_back(draw(seed));
+    const std::vector<Recipe> recipes = seeded_recipes(20, 300);
     std::set<std::string> certified_rules;
     std::size_t all_certified = 0, with_undecided = 0, elements_certified = 0;
     double worst = 0;
@@ -403,4 +415,122 @@ BOOST_AUTO_TEST_CASE(random_graphs_of_every_op_are_certified) {
     BOOST_TEST_MESSAGE(fmt::format("{} random graphs: {} with every element certified (worst relative bound {:.2g}), {} with "
                                    "an element undecided at a tie; {} elements certified, none wrong",
                                    recipes.size(), all_certified, worst, with_undecided, elements_certified));
+}
+
+// ---- recorded tapes ----
+
+// A recorded tape gets the verdicts of the generic lambda that recorded it, element by element
+// (leaf names, indices, verdicts), over the random graphs of every rule, so that every library op
+// is re-run through its interval siblings (src/instances/certify_registry.cpp) and a sibling missing
+// or recording another op shows here. Their enclosures hold one exact value, except where the
+// generic graph computes a setting in T that the recorded tape holds as its rounded double
+// (dropout's factor 1/(1 − p): 1.25 on the tape, 1.25000000000000001734 in intervals for p = 0.2):
+// there the two functions differ by that rounding, 2^-53 relative, times the graph's condition.
+// Fixed before the runs: such a pair agrees to 1e-14 relative (90 double ulps), and most pairs
+// overlap exactly.
+BOOST_AUTO_TEST_CASE(a_recorded_tape_gets_the_verdicts_of_its_generic_graph) {
+    using namespace tapegrad::testing::rules;
+    tapegrad::set_threads(1);
+    const std::vector<Recipe> recipes = seeded_recipes(5, 40);
+    const auto agree = [](const Interval& a, const Interval& b, std::size_t& overlapping) {
+        if (overlap(a, b)) return ++overlapping, true;
+        return std::abs(to_double(a) - to_double(b)) <= 1e-14 * std::max(1.0, std::abs(to_double(b)));
+    };
+    std::set<std::string> recorded_ops;
+    std::size_t compared = 0, overlapping = 0;
+    for (const Recipe& recipe : recipes) {
+        const std::array<NamedTensor, leaf_count> leaves = leaves_of(recipe);
+        const CertificationReport generic = certify_gradients(Graph<>{&recipe}, leaves);
+        Tape<double> tape;
+        const Var<double> J = Graph<>{&recipe}(leaves_on(tape, leaves));
+        for (std::uint32_t i = 0; i < tape.size(); ++i) {
+            const auto node = tape.recorded(i);
+            recorded_ops.insert(node.kind == nullptr ? std::string("leaf") : std::string(node.kind->name));
+        }
+        const CertificationReport recorded = certify_gradients(tape, J);
+        expect_consistent(recorded);
+        BOOST_TEST_REQUIRE(recorded.derivatives.size() == generic.derivatives.size(), describe(recipe));
+        for (std::size_t e = 0; e < generic.derivatives.size(); ++e) {
+            const CertifiedDerivative &a = recorded.derivatives[e], &b = generic.derivatives[e];
+            BOOST_TEST(a.leaf == b.leaf);
+            BOOST_TEST(a.index == b.index);
+            BOOST_TEST((a.verdict == b.verdict), describe(recipe) << "\n" << a.leaf << "[" << a.index << "]: "
+                                                                   << recorded.summary() << "\n" << generic.summary());
+            if (a.verdict != Certified::certified || b.verdict != Certified::certified) continue;
+            compared += 2;
+            BOOST_TEST(agree(a.derivative, b.derivative, overlapping),
+                       describe(recipe) << "\n" << a.derivative.text() << " and " << b.derivative.text());
+            BOOST_TEST(agree(a.vjp, b.vjp, overlapping), describe(recipe) << "\n" << a.vjp.text() << " and " << b.vjp.text());
+        }
+    }
+    BOOST_TEST(10 * overlapping >= 9 * compared, overlapping << " of " << compared << " enclosures overlap");
+    const std::set<std::string> library = testing::library_op_names();
+    BOOST_TEST(testing::missing_names(library, recorded_ops).empty(),
+               "library ops on no recorded tape: " << testing::missing_names(library, recorded_ops));
+    BOOST_TEST_MESSAGE(fmt::format("{} random graphs recorded and certified: {} of {} enclosures overlap the generic "
+                                   "graph's, the rest within 1e-14",
+                                   recipes.size(), overlapping, compared));
+}
+
+// The spec's attention recorded on a Tape<float> by ordinary code, leaves labelled and one not:
+// every element certified, the leaves named by their labels, the unlabelled one by its node.
+BOOST_AUTO_TEST_CASE(a_float_tape_is_certified_with_its_leaves_named) {
+    Tape<float> tape;
+    const auto to_float = [](const Tensor<double>& t) {
+        Tensor<float> f(t.shape());
+        for (std::size_t k = 0; k < t.size(); ++k) f[k] = float(t[k]);
+        return f;
+    };
+    const Var<float> x = tape.leaf(to_float(X), "X");
+    const Var<float> w = tape.leaf(to_float(W));
+    const Var<float> J = sum(mul(tanh(matmul(x, w)), softmax(matmul(x, w) * 0.7071067811865476f)));
+    const CertificationReport report = certify_gradients(tape, J);
+    expect_all_certified(report, X.size() + W.size());
+    BOOST_TEST(report.derivatives.front().leaf == "X");
+    BOOST_TEST(report.derivatives.back().leaf == "leaf 1");
+    BOOST_TEST(report.derivatives.back().index == W.size() - 1);
+}
+
+// The recorded forms of the fault controls: the VJP off by 1e-30 in its last element is wrong
+// there alone, and a kink on the tape is undecided, naming its node; an op without interval
+// siblings is refused, naming the op and how to register them.
+BOOST_AUTO_TEST_CASE(a_recorded_fault_is_wrong_and_a_recorded_kink_undecided) {
+    static const bool registered = register_certify_siblings<TanhOffIn30thDigit<End::last>>();
+    BOOST_TEST(registered);
+    Tape<double> tape;
+    const Var<double> x = tape.leaf(X, "X");
+    const Var<double> J = sum(mul(record_unary<TanhOffIn30thDigit<End::last>>(x), x));
+    const CertificationReport report = certify_gradients(tape, J);
+    BOOST_TEST(report.wrong == 1u, report.summary());
+    BOOST_TEST((report.derivatives.back().verdict == Certified::wrong), report.summary());
+    BOOST_TEST(report.certified == X.size() - 1);
+
+    Tape<double> kinked;
+    const Var<double> z = kinked.leaf(matrix({{0.0, -0.7}, {1.1, 0.25}}), "X");
+    expect_undecided_at(certify_gradients(kinked, sum(mul(relu(z), z))), "relu");
+
+    Tape<double> unregistered;
+    const Var<double> u = unregistered.leaf(X, "X");
+    const Var<double> K = sum(record_unary<TanhWithoutIntervalSiblings>(u));
+    BOOST_CHECK_EXCEPTION(certify_gradients(unregistered, K), usage_error, [](const usage_error& e) {
+        const std::string what = e.what();
+        return what.find("tanh without interval siblings") != std::string::npos &&
+               what.find("register_certify_siblings") != std::string::npos && what.find("Interval") != std::string::npos;
+    });
+}
+
+// What cannot be certified is refused with the reason: J of several elements, J of another tape,
+// J that depends on no leaf needing a gradient.
+BOOST_AUTO_TEST_CASE(a_recorded_tape_s_bad_j_is_refused) {
+    const auto refused_with = [](std::string_view words) {
+        return [words](const usage_error& e) { return std::string(e.what()).find(words) != std::string::npos; };
+    };
+    Tape<double> tape, other;
+    const Var<double> x = tape.leaf(X, "X");
+    BOOST_CHECK_EXCEPTION(certify_gradients(tape, tanh(x)), usage_error, refused_with("one element"));
+    const Var<double> elsewhere = sum(other.leaf(X, "X"));
+    BOOST_CHECK_EXCEPTION(certify_gradients(tape, elsewhere), usage_error, refused_with("not a value of this tape"));
+    Tape<double> constants_only;
+    const Var<double> of_constants = sum(constants_only.constant(X, "C"));
+    BOOST_CHECK_EXCEPTION(certify_gradients(constants_only, of_constants), usage_error, refused_with("depends on no leaf"));
 }

@@ -20,23 +20,6 @@ namespace tapegrad {
 
 namespace {
 
-// The recorded leaves that need a gradient, as the checks' named leaves.
-template <Scalar S>
-std::vector<NamedTensor> checked_leaves(const Tape<S>& tape, const Var<S>& output, std::string_view check) {
-    if (!tape.holds(output)) {
-        throw usage_error(fmt::format("{}: the output is not a value of this tape (another tape's, or from before a "
-                                      "clear())", check));
-    }
-    std::vector<NamedTensor> leaves;
-    for (const std::uint32_t i : gradient_leaves(tape, output)) {
-        const auto node = tape.recorded(i);
-        leaves.push_back({node.label.empty() ? fmt::format("leaf {}", i) : std::string(node.label),
-                          detail::tensor_as<double>(node.value)});
-    }
-    if (leaves.empty()) throw usage_error(fmt::format("{}: the output depends on no leaf that needs a gradient", check));
-    return leaves;
-}
-
 // The recorded graph re-run on a tape of type U, as the checks' graph function.
 template <Scalar U, Scalar S>
 detail::GraphOn<U> rerun_on(const Tape<S>& tape, const Var<S>& output) {
@@ -123,7 +106,7 @@ std::vector<FloatGradientCheck> float_gradient_checks(const Tape<float>& tape, c
 
 template <Scalar S>
 CheckReport check_on_tapes(const Tape<S>& tape, const Var<S>& J, const CheckOptions& options, detail::WorkSplit* split) {
-    const std::vector<NamedTensor> leaves = checked_leaves(tape, J, "check_gradients");
+    const std::vector<NamedTensor> leaves = detail::recorded_leaves(tape, J, "check_gradients");
     const detail::GraphOnTapes graph{rerun_on<double>(tape, J), rerun_on<mp50>(tape, J)};
     CheckReport report = detail::run_check(graph, leaves, options, nullptr, split);
     PreciseRerun precise(tape, J);
@@ -161,19 +144,19 @@ CheckReport check_gradients(const Tape<float>& tape, const Var<float>& J, const 
 }
 
 SecondOrderReport check_jvp(const Tape<double>& tape, const Var<double>& Y, const CheckOptions& options) {
-    return detail::run_jvp_check(second_order_reruns(tape, Y), checked_leaves(tape, Y, "check_jvp"), options);
+    return detail::run_jvp_check(second_order_reruns(tape, Y), detail::recorded_leaves(tape, Y, "check_jvp"), options);
 }
 
 SecondOrderReport check_jvp(const Tape<float>& tape, const Var<float>& Y, const CheckOptions& options) {
-    return detail::run_jvp_check(second_order_reruns(tape, Y), checked_leaves(tape, Y, "check_jvp"), options);
+    return detail::run_jvp_check(second_order_reruns(tape, Y), detail::recorded_leaves(tape, Y, "check_jvp"), options);
 }
 
 SecondOrderReport check_hvp(const Tape<double>& tape, const Var<double>& J, const CheckOptions& options) {
-    return detail::run_hvp_check(second_order_reruns(tape, J), checked_leaves(tape, J, "check_hvp"), options);
+    return detail::run_hvp_check(second_order_reruns(tape, J), detail::recorded_leaves(tape, J, "check_hvp"), options);
 }
 
 SecondOrderReport check_hvp(const Tape<float>& tape, const Var<float>& J, const CheckOptions& options) {
-    return detail::run_hvp_check(second_order_reruns(tape, J), checked_leaves(tape, J, "check_hvp"), options);
+    return detail::run_hvp_check(second_order_reruns(tape, J), detail::recorded_leaves(tape, J, "check_hvp"), options);
 }
 
 }  // namespace tapegrad
