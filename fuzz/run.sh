@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Fuzzes the readers of files with libFuzzer (+ ASan/UBSan) for the given number of seconds each
-# (default 60): the .npy reader from the seed files in fuzz/corpus, the saved-tape loader from those
+# Fuzzes the readers of files with libFuzzer (+ ASan/UBSan) for the given number of seconds, the
+# three at once (default 60): the .npy reader from the seed files in fuzz/corpus, the saved-tape loader from those
 # in fuzz/tape_corpus (valid tapes) and tests/data/tape_files (the valid spec tape and the malformed
 # corpus), the safetensors reader from fuzz/safetensors_corpus; new inputs each finds go to
 # <build>/fuzz-corpus-<target>, and a crashing input to
@@ -28,7 +28,28 @@ run() {  # run TARGET MAX_LEN SEED_DIR...
   "$build/fuzz/$target" -max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$build/" "$build/fuzz-corpus-$target" "$@"
 }
-run fuzz_npy 4096 fuzz/corpus
+# The three fuzz at once, each a process of its own (libFuzzer runs one thread), so that all the
+# cores work: on two cores each gets two thirds of one for the given seconds. Each one's output goes
+# to <build>/fuzz-<target>.log, printed whole when it fails, its final statistics when it passes.
+pids=() targets=()
+start() {  # start TARGET MAX_LEN SEED_DIR...
+  run "$@" >"$build/fuzz-$1.log" 2>&1 &
+  pids+=($!) targets+=("$1")
+}
+start fuzz_npy 4096 fuzz/corpus
 # Saved tapes are text: a longer limit, so the seed tapes (a few kB) fit whole.
-run fuzz_tape_file 16384 fuzz/tape_corpus tests/data/tape_files
-run fuzz_safetensors 4096 fuzz/safetensors_corpus
+start fuzz_tape_file 16384 fuzz/tape_corpus tests/data/tape_files
+start fuzz_safetensors 4096 fuzz/safetensors_corpus
+status=0
+for i in "${!pids[@]}"; do
+  log="$build/fuzz-${targets[$i]}.log"
+  if wait "${pids[$i]}"; then
+    echo "fuzz/run.sh: ${targets[$i]} passed"
+    grep '^stat::' "$log" || true
+  else
+    status=1
+    echo "fuzz/run.sh: ${targets[$i]} FAILED; its output:"
+    cat "$log"
+  fi
+done
+exit "$status"
