@@ -105,6 +105,18 @@ inline void judge(CertifiedDerivative& d) {
     }
 }
 
+/// The report's counts and worst bound, from its elements' verdicts.
+inline void count_verdicts(CertificationReport& report) {
+    for (const CertifiedDerivative& d : report.derivatives) {
+        if (d.verdict == Certified::certified) {
+            ++report.certified;
+            report.worst_bound = std::max(report.worst_bound, d.bound);
+        }
+        report.wrong += d.verdict == Certified::wrong;
+        report.undecided += d.verdict == Certified::undecided;
+    }
+}
+
 /// The leaves on `tape` as point intervals; on a dual tape, the tangent 1 at flat element
 /// `tangent_at` (counted across the leaves in order) and 0 everywhere else.
 template <Scalar T>
@@ -171,14 +183,7 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) 
             report.derivatives.push_back(std::move(d));
         }
     }
-    for (const CertifiedDerivative& d : report.derivatives) {
-        if (d.verdict == Certified::certified) {
-            ++report.certified;
-            report.worst_bound = std::max(report.worst_bound, d.bound);
-        }
-        report.wrong += d.verdict == Certified::wrong;
-        report.undecided += d.verdict == Certified::undecided;
-    }
+    count_verdicts(report);
     return report;
 }
 
