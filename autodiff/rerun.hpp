@@ -158,10 +158,11 @@ std::vector<std::uint32_t> gradient_leaves(const Tape<S>& tape, const Var<S>& ou
     return leaves;
 }
 
-/// Where a re-run finds each op's sibling for (S → U): a lookup by op struct (nullptr when the op has
-/// none), and, for the refusal of an op without one, U's name and how a user registers them. The library registry
-/// above serves every type of SiblingsFrom; certified gradients keep their interval siblings in a
-/// registry of their own (check/certify.hpp), so that the core library compiles no interval code.
+/// Where a re-run finds each op's sibling for (S → U): a lookup by op struct (nullptr when the op
+/// has none), and, for the refusal of an op without one, U's name and how a user registers them.
+/// The library registry above serves every type of SiblingsFrom; certified gradients keep their
+/// interval siblings in a registry of their own (autodiff/interval_rerun.hpp), so that the core
+/// library compiles no interval code.
 template <Scalar S, Scalar U>
 struct SiblingSource {
     const Sibling<S, U>* (*find)(const std::type_info& op) = nullptr;
@@ -204,9 +205,10 @@ Var<U> rerun(const Tape<S>& source, const Var<S>& output, std::span<const Var<U>
         }
         const Sibling<S, U>* sibling = siblings.find(*node.kind->op);
         if (sibling == nullptr || sibling->record == nullptr) {
-            throw usage_error(fmt::format("rerun: op '{}' (node {}) has no siblings to re-run it at {}; register them "
-                                          "with {}",
-                                          node.kind->name, i, siblings.target, siblings.how_to_register));
+            throw usage_error(
+                fmt::format("rerun: op '{}' (node {}) has no siblings to re-run it at {}; register them "
+                            "with {}",
+                            node.kind->name, i, siblings.target, siblings.how_to_register));
         }
         if (node.inputs.empty()) {  // a sibling records on its first input's tape
             throw usage_error(fmt::format("rerun: op '{}' (node {}) has no inputs; only ops of at least one input "

@@ -175,8 +175,9 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) 
             d.vjp = gradient[k];
             if (log.count > 0 || !reverse_kink.empty()) {
                 d.verdict = Certified::undecided;
-                d.kink = log.count > 0 ? describe_ambiguity(log, forward, fmt::format("forward pass of {}[{}]", d.leaf, k))
-                                       : reverse_kink;
+                d.kink = log.count > 0
+                             ? describe_ambiguity(log, forward, fmt::format("forward pass of {}[{}]", d.leaf, k))
+                             : reverse_kink;
             } else {
                 judge(d);
             }

@@ -77,16 +77,19 @@ namespace detail {
 template <Scalar S>
 std::vector<NamedTensor> recorded_leaves(const Tape<S>& tape, const Var<S>& output, std::string_view check) {
     if (!tape.holds(output)) {
-        throw usage_error(fmt::format("{}: the output is not a value of this tape (another tape's, or from before a "
-                                      "clear())", check));
+        throw usage_error(
+            fmt::format("{}: the output is not a value of this tape (another tape's, or from before a "
+                        "clear())",
+                        check));
     }
     std::vector<NamedTensor> leaves;
     for (const std::uint32_t i : gradient_leaves(tape, output)) {
         const auto node = tape.recorded(i);
-        leaves.push_back({node.label.empty() ? fmt::format("leaf {}", i) : std::string(node.label),
-                          tensor_as<double>(node.value)});
+        leaves.push_back(
+            {node.label.empty() ? fmt::format("leaf {}", i) : std::string(node.label), tensor_as<double>(node.value)});
     }
-    if (leaves.empty()) throw usage_error(fmt::format("{}: the output depends on no leaf that needs a gradient", check));
+    if (leaves.empty())
+        throw usage_error(fmt::format("{}: the output depends on no leaf that needs a gradient", check));
     return leaves;
 }
 

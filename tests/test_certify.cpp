@@ -122,7 +122,8 @@ void expect_all_certified(const CertificationReport& report, std::size_t element
 // and `free` recipes drawn freely (seeds 2000, 2001, ...).
 std::vector<testing::rules::Recipe> seeded_recipes(std::uint64_t every_rule, std::uint64_t free) {
     std::vector<testing::rules::Recipe> recipes;
-    for (std::uint64_t seed = 7; seed < 7 + every_rule; ++seed) recipes.push_back(testing::rules::draw_every_rule(seed));
+    for (std::uint64_t seed = 7; seed < 7 + every_rule; ++seed)
+        recipes.push_back(testing::rules::draw_every_rule(seed));
     for (std::uint64_t seed = 2000; seed < 2000 + free; ++seed) recipes.push_back(testing::rules::draw(seed));
     return recipes;
 }
@@ -410,7 +411,8 @@ BOOST_AUTO_TEST_CASE(random_graphs_of_every_op_are_certified) {
         worst = std::max(worst, worst_relative_bound(report));
         for (const Step& step : recipe.steps) {
             std::string operands;
-            for (const std::size_t v : step.in) operands += v == none ? "constant " : recipe.shapes[v].to_string() + " ";
+            for (const std::size_t v : step.in)
+                operands += v == none ? "constant " : recipe.shapes[v].to_string() + " ";
             certified_shapes[std::string(Rules::names[step.rule])].insert(operands);
         }
     }
@@ -422,13 +424,14 @@ BOOST_AUTO_TEST_CASE(random_graphs_of_every_op_are_certified) {
         fewest = std::min(fewest, shapes);
         if (shapes < 3) fewer_than_three += fmt::format(" {} ({})", rule, shapes);
     }
-    BOOST_TEST(fewer_than_three.empty(), "rules at fewer than 3 operand shapes in fully certified graphs:" << fewer_than_three);
+    BOOST_TEST(fewer_than_three.empty(),
+               "rules at fewer than 3 operand shapes in fully certified graphs:" << fewer_than_three);
     BOOST_TEST(2 * all_certified >= recipes.size());  // ties stay the exception
-    BOOST_TEST_MESSAGE(fmt::format("{} random graphs: {} with every element certified (worst relative bound {:.2g}), {} with "
-                                   "an element undecided at a tie; {} elements certified, none wrong; every one of the {} "
-                                   "rules at {} operand shapes or more",
-                                   recipes.size(), all_certified, worst, with_undecided, elements_certified,
-                                   Rules::names.size(), fewest));
+    BOOST_TEST_MESSAGE(fmt::format(
+        "{} random graphs: {} with every element certified (worst relative bound {:.2g}), {} with "
+        "an element undecided at a tie; {} elements certified, none wrong; every one of the {} "
+        "rules at {} operand shapes or more",
+        recipes.size(), all_certified, worst, with_undecided, elements_certified, Rules::names.size(), fewest));
 }
 
 // ---- recorded tapes ----
@@ -468,22 +471,27 @@ BOOST_AUTO_TEST_CASE(a_recorded_tape_gets_the_verdicts_of_its_generic_graph) {
             const CertifiedDerivative &a = recorded.derivatives[e], &b = generic.derivatives[e];
             BOOST_TEST(a.leaf == b.leaf);
             BOOST_TEST(a.index == b.index);
-            BOOST_TEST((a.verdict == b.verdict), describe(recipe) << "\n" << a.leaf << "[" << a.index << "]: "
-                                                                   << recorded.summary() << "\n" << generic.summary());
+            BOOST_TEST((a.verdict == b.verdict), describe(recipe)
+                                                     << "\n"
+                                                     << a.leaf << "[" << a.index << "]: " << recorded.summary() << "\n"
+                                                     << generic.summary());
             if (a.verdict != Certified::certified || b.verdict != Certified::certified) continue;
             compared += 2;
             BOOST_TEST(agree(a.derivative, b.derivative, overlapping),
-                       describe(recipe) << "\n" << a.derivative.text() << " and " << b.derivative.text());
-            BOOST_TEST(agree(a.vjp, b.vjp, overlapping), describe(recipe) << "\n" << a.vjp.text() << " and " << b.vjp.text());
+                       describe(recipe) << "\n"
+                                        << a.derivative.text() << " and " << b.derivative.text());
+            BOOST_TEST(agree(a.vjp, b.vjp, overlapping), describe(recipe) << "\n"
+                                                                          << a.vjp.text() << " and " << b.vjp.text());
         }
     }
     BOOST_TEST(10 * overlapping >= 9 * compared, overlapping << " of " << compared << " enclosures overlap");
     const std::set<std::string> library = testing::library_op_names();
     BOOST_TEST(testing::missing_names(library, recorded_ops).empty(),
                "library ops on no recorded tape: " << testing::missing_names(library, recorded_ops));
-    BOOST_TEST_MESSAGE(fmt::format("{} random graphs recorded and certified: {} of {} enclosures overlap the generic "
-                                   "graph's, the rest within 1e-14",
-                                   recipes.size(), overlapping, compared));
+    BOOST_TEST_MESSAGE(
+        fmt::format("{} random graphs recorded and certified: {} of {} enclosures overlap the generic "
+                    "graph's, the rest within 1e-14",
+                    recipes.size(), overlapping, compared));
 }
 
 // The spec's attention recorded on a Tape<float> by ordinary code, leaves labelled and one not:
@@ -529,7 +537,8 @@ BOOST_AUTO_TEST_CASE(a_recorded_fault_is_wrong_and_a_recorded_kink_undecided) {
     BOOST_CHECK_EXCEPTION(certify_gradients(unregistered, K), usage_error, [](const usage_error& e) {
         const std::string what = e.what();
         return what.find("tanh without interval siblings") != std::string::npos &&
-               what.find("register_certify_siblings") != std::string::npos && what.find("Interval") != std::string::npos;
+               what.find("register_certify_siblings") != std::string::npos &&
+               what.find("Interval") != std::string::npos;
     });
 }
 
@@ -546,5 +555,6 @@ BOOST_AUTO_TEST_CASE(a_recorded_tape_s_bad_j_is_refused) {
     BOOST_CHECK_EXCEPTION(certify_gradients(tape, elsewhere), usage_error, refused_with("not a value of this tape"));
     Tape<double> constants_only;
     const Var<double> of_constants = sum(constants_only.constant(X, "C"));
-    BOOST_CHECK_EXCEPTION(certify_gradients(constants_only, of_constants), usage_error, refused_with("depends on no leaf"));
+    BOOST_CHECK_EXCEPTION(certify_gradients(constants_only, of_constants), usage_error,
+                          refused_with("depends on no leaf"));
 }

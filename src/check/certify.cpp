@@ -14,14 +14,20 @@ template <Scalar S>
 CertificationReport certify_recorded(const Tape<S>& tape, const Var<S>& J) {
     const std::vector<NamedTensor> leaves = detail::recorded_leaves(tape, J, "certify_gradients");
     return detail::certify(
-        [&tape, &J]<Scalar U>(std::span<const Var<U>> vars) { return rerun<S, U>(tape, J, vars, nullptr, certify_siblings<S, U>()); },
+        [&tape, &J]<Scalar U>(std::span<const Var<U>> vars) {
+            return rerun<S, U>(tape, J, vars, nullptr, certify_siblings<S, U>());
+        },
         std::span<const NamedTensor>(leaves));
 }
 
 }  // namespace
 
-CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J) { return certify_recorded(tape, J); }
+CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J) {
+    return certify_recorded(tape, J);
+}
 
-CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J) { return certify_recorded(tape, J); }
+CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J) {
+    return certify_recorded(tape, J);
+}
 
 }  // namespace tapegrad
