@@ -43,7 +43,9 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -71,6 +73,13 @@ struct CertificationReport {
     /// No element wrong (undecided elements, at kinks, neither pass nor fail, as the checker's kinks).
     bool passed() const { return wrong == 0; }
     std::string summary() const;
+};
+
+/// How a certification runs: `progress`, when set, is called after each leaf element's forward
+/// pass (stage "certification"; `done` of `all` elements, `mine` = `all`, `seconds` since the start),
+/// the checker's CheckProgress, so a tool prints both the same way.
+struct CertifyOptions {
+    std::function<void(const CheckProgress&)> progress;
 };
 
 namespace detail {
@@ -142,7 +151,10 @@ std::vector<Var<T>> interval_leaves(Tape<T>& tape, std::span<const NamedTensor> 
 /// Tape<Interval> or a Tape<Dual<Interval>>) to a one-element J, at `leaves`: the work of both
 /// certify_gradients below. See the top of this file.
 template <class Graph>
-CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) {
+CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves, const CertifyOptions& options) {
+    const auto start = std::chrono::steady_clock::now();
+    std::size_t elements = 0;
+    for (const NamedTensor& leaf : leaves) elements += leaf.value.size();
     IntervalState& state = interval_state();
     const std::lock_guard turn(state.run);
     CertificationReport report;
@@ -182,6 +194,10 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) 
                 judge(d);
             }
             report.derivatives.push_back(std::move(d));
+            if (options.progress) {
+                const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+                options.progress(CheckProgress{"certification", flat + 1, elements, elements, seconds.count()});
+            }
         }
     }
     count_verdicts(report);
@@ -193,20 +209,22 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves) 
 /// Certifies every gradient element of `graph` (a generic lambda from an array of N Vars to a
 /// one-element J) at `leaves`. See the top of this file.
 template <std::size_t N, class Graph>
-CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTensor, N>& leaves) {
+CertificationReport certify_gradients(Graph&& graph, const std::array<NamedTensor, N>& leaves,
+                                      const CertifyOptions& options = {}) {
     return detail::certify(
         [&graph]<Scalar T>(std::span<const Var<T>> vars) {
             std::array<Var<T>, N> in;
             std::copy(vars.begin(), vars.end(), in.begin());
             return graph(in);
         },
-        std::span<const NamedTensor>(leaves));
+        std::span<const NamedTensor>(leaves), options);
 }
 
 /// The same with the leaves written in place, `certify_gradients(graph, {{"X", X}, {"W", W}})`.
 template <std::size_t N, class Graph>
-CertificationReport certify_gradients(Graph&& graph, const NamedTensor (&leaves)[N]) {
-    return certify_gradients(graph, std::to_array(leaves));
+CertificationReport certify_gradients(Graph&& graph, const NamedTensor (&leaves)[N],
+                                      const CertifyOptions& options = {}) {
+    return certify_gradients(graph, std::to_array(leaves), options);
 }
 
 /// Certifies every gradient element of a graph that ordinary code recorded on a Tape<double> or
@@ -217,8 +235,9 @@ CertificationReport certify_gradients(Graph&& graph, const NamedTensor (&leaves)
 /// named by their labels ("leaf 3" for an unnamed one), in recorded order; J must have one element.
 /// A user's op on the tape needs its interval siblings (register_certify_siblings); the library's
 /// ops have theirs. Compiled in tapegrad::certify: a program calling it compiles no interval code.
-CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J);
-CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J);
+CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J,
+                                      const CertifyOptions& options = {});
+CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J, const CertifyOptions& options = {});
 
 inline std::string CertificationReport::summary() const {
     std::string text = fmt::format("certified {} of {} derivatives", certified, derivatives.size());

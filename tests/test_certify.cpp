@@ -558,3 +558,30 @@ BOOST_AUTO_TEST_CASE(a_recorded_tape_s_bad_j_is_refused) {
     BOOST_CHECK_EXCEPTION(certify_gradients(constants_only, of_constants), usage_error,
                           refused_with("depends on no leaf"));
 }
+
+// CertifyOptions::progress is called once per leaf element, in order, counting every element of
+// every leaf (the generic and the recorded form), with the time since the start growing.
+BOOST_AUTO_TEST_CASE(progress_counts_every_element_once_in_both_forms) {
+    const auto expect_counted = [](const std::vector<CheckProgress>& seen, std::size_t elements) {
+        BOOST_TEST_REQUIRE(seen.size() == elements);
+        for (std::size_t k = 0; k < elements; ++k) {
+            BOOST_TEST(seen[k].stage == "certification");
+            BOOST_TEST(seen[k].done == k + 1);
+            BOOST_TEST(seen[k].mine == elements);
+            BOOST_TEST(seen[k].all == elements);
+            BOOST_TEST(seen[k].seconds >= (k == 0 ? 0.0 : seen[k - 1].seconds));
+        }
+    };
+    std::vector<CheckProgress> seen;
+    CertifyOptions options;
+    options.progress = [&seen](const CheckProgress& p) { seen.push_back(p); };
+    const auto graph = [](auto in) { return sum(tanh(matmul(in[0], in[1]))); };
+    (void)certify_gradients(graph, {{"X", X}, {"W", W}}, options);
+    expect_counted(seen, X.size() + W.size());
+
+    seen.clear();
+    Tape<double> tape;
+    const Var<double> x = tape.leaf(X, "X"), w = tape.leaf(W, "W");
+    (void)certify_gradients(tape, sum(tanh(matmul(x, w))), options);
+    expect_counted(seen, X.size() + W.size());
+}

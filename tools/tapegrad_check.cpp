@@ -2,10 +2,16 @@
 // saved tape (io/tape_file.hpp: the tape a program recorded and saved, --tape FILE), in one
 // process or, built with MPI (TAPEGRAD_WITH_MPI), spread over the ranks of `mpirun -np N`
 // unchanged (check/distributed.hpp). Rank 0 prints progress to stderr and the report to stdout.
-// --save-tape FILE writes a model's recorded tape instead of checking it. See `tapegrad-check --help`.
+// --save-tape FILE writes a model's recorded tape instead of checking it; --certify certifies the
+// gradient in 50-digit intervals instead (check/certify.hpp, built where MPFI is). See
+// `tapegrad-check --help`.
 #include "models/retrieval.hpp"
 #include "tapegrad.hpp"
 #include "tools/options.hpp"
+
+#if TAPEGRAD_WITH_CERTIFY
+#include "check/certify.hpp"
+#endif
 
 #if TAPEGRAD_WITH_MPI
 #include "check/distributed.hpp"
@@ -27,6 +33,9 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 namespace {
@@ -53,6 +62,12 @@ output. A tape that holds a user's ops (saved as "user:<name>") needs them: --op
 shared library whose extern "C" tapegrad_register_ops() registers them (autodiff/registry.hpp).
 --save-tape FILE writes the chosen model's tape (recorded in double) and checks nothing.
 
+--certify certifies the gradient instead of checking it (check/certify.hpp): the model's tape
+(recorded in double) or the saved tape is re-run in 50-digit intervals, and each gradient element
+is certified (its VJP and its exact derivative provably within the bound printed), WRONG (provably
+apart), or undecided at a kink (the node named). No step, no tolerance; one interval pass per
+element, in one process. Exit status 3 when an element is wrong.
+
 Full mode compares every coordinate of every leaf (and every branch of a leaf with several
 consumers); fast mode compares random directions and falls back to full when one disagrees.
 Under `mpirun -np N` (when built with MPI) the finite differences are shared among the ranks,
@@ -66,7 +81,7 @@ Options)";
 struct Settings {
     std::string model = "multihead";
     std::size_t tokens = 8, width = 16, heads = 2, batch = 2;
-    bool fast = false, quiet = false, loads = false, plan = false;
+    bool fast = false, quiet = false, loads = false, plan = false, certify = false;
     std::size_t directions = 3;
     std::uint64_t seed = CheckOptions{}.seed;
     unsigned threads = 0;
@@ -82,16 +97,23 @@ Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator)
     return t;
 }
 
-// Progress lines on stderr, at most one every two seconds per stage (and the last one).
-std::function<void(const CheckProgress&)> progress_printer() {
+// Progress lines on stderr, at most one every two seconds per stage (and the last one); with
+// `ranks`, each rank's share and the whole (the check), without, the elements done (certification).
+std::function<void(const CheckProgress&)> progress_printer(bool ranks = true) {
     auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-    return [last](const CheckProgress& p) {
+    return [last, ranks](const CheckProgress& p) {
         const auto now = std::chrono::steady_clock::now();
         if (p.done != p.mine && now - *last < std::chrono::seconds(2)) return;
         *last = now;
         const double left = p.seconds / static_cast<double>(p.done) * static_cast<double>(p.mine - p.done);
-        fmt::print(stderr, "{}: {} of {} derivatives on this rank ({} on all ranks), {:.1f} s, about {:.0f} s left\n",
-                   p.stage, p.done, p.mine, p.all, p.seconds, left);
+        if (ranks) {
+            fmt::print(stderr,
+                       "{}: {} of {} derivatives on this rank ({} on all ranks), {:.1f} s, about {:.0f} s left\n",
+                       p.stage, p.done, p.mine, p.all, p.seconds, left);
+        } else {
+            fmt::print(stderr, "{}: {} of {} derivatives, {:.1f} s, about {:.0f} s left\n", p.stage, p.done, p.all,
+                       p.seconds, left);
+        }
     };
 }
 
@@ -100,9 +122,20 @@ struct Processes {
 #if TAPEGRAD_WITH_MPI
     boost::mpi::communicator world;
     int rank() const { return world.rank(); }
+    int size() const { return world.size(); }
 #else
     int rank() const { return 0; }
+    int size() const { return 1; }
 #endif
+
+    // Refuses `what` under mpirun with more than one rank: it is not shared among ranks.
+    void require_one(std::string_view what) const {
+        if (size() > 1) {
+            throw usage_error(fmt::format(
+                "{} runs in one process, not shared among ranks: run it without mpirun (this run has {} ranks)",
+                what, size()));
+        }
+    }
 
     // The check of `checked`: a graph and its leaves, or a recorded (loaded) tape and its J, every
     // rank holding the same.
@@ -165,29 +198,59 @@ CheckOptions options_of(const Settings& s) {
     return options;
 }
 
-// --save-tape: the model recorded on a Tape<double> by ordinary code, its leaves named, saved.
+// The model recorded on `tape` by ordinary code, its leaves named; returns J.
+template <std::size_t N, class Graph>
+Var<double> record_model(Tape<double>& tape, Graph& graph, const NamedTensor (&leaves)[N]) {
+    std::array<Var<double>, N> vars;
+    for (std::size_t i = 0; i < N; ++i) vars[i] = tape.leaf(leaves[i].value, leaves[i].name);
+    return graph(vars);
+}
+
+// --save-tape: the model's recorded tape, saved.
 template <std::size_t N, class Graph>
 void save_model_tape(const Settings& s, Graph& graph, const NamedTensor (&leaves)[N]) {
     Tape<double> tape;
-    std::array<Var<double>, N> vars;
-    for (std::size_t i = 0; i < N; ++i) vars[i] = tape.leaf(leaves[i].value, leaves[i].name);
-    const Var<double> J = graph(vars);
+    const Var<double> J = record_model(tape, graph, leaves);
     save_tape(s.save_tape, tape, J);
     fmt::print("saved the {} model's tape ({} nodes, J = {}) to {}\n", s.model, tape.size(), J.value()[0], s.save_tape);
 }
 
-// The check of one model (nullopt after --plan, which only prints what the check would take, and
-// after --save-tape).
+// What one run reports: a finite-difference check's report, or a certification's (--certify);
+// nothing after --plan (which only prints what the check would take) and --save-tape.
+#if TAPEGRAD_WITH_CERTIFY
+using Outcome = std::variant<std::monostate, CheckReport, CertificationReport>;
+#else
+using Outcome = std::variant<std::monostate, CheckReport>;
+#endif
+
+#if TAPEGRAD_WITH_CERTIFY
+// --certify: a recorded tape certified in one process, with the check's progress lines.
+template <Scalar S>
+Outcome certify_tape(const Processes& processes, const Settings& s, const Tape<S>& tape, const Var<S>& J) {
+    processes.require_one("--certify");
+    CertifyOptions options;
+    if (!s.quiet) options.progress = progress_printer(false);
+    return certify_gradients(tape, J, options);
+}
+#endif
+
+// The check of one model.
 template <std::size_t N, class Graph>
-std::optional<CheckReport> check_model(Processes& processes, const Settings& s, Graph graph,
-                                       const NamedTensor (&leaves)[N]) {
+Outcome check_model(Processes& processes, const Settings& s, Graph graph, const NamedTensor (&leaves)[N]) {
+#if TAPEGRAD_WITH_CERTIFY
+    if (s.certify) {
+        Tape<double> tape;
+        const Var<double> J = record_model(tape, graph, leaves);
+        return certify_tape(processes, s, tape, J);
+    }
+#endif
     if (s.plan) {
         if (processes.rank() == 0) print_plan(graph, leaves);
-        return std::nullopt;
+        return {};
     }
     if (!s.save_tape.empty()) {
         if (processes.rank() == 0) save_model_tape(s, graph, leaves);
-        return std::nullopt;
+        return {};
     }
     return processes.check(options_of(s), s.loads, graph, leaves);
 }
@@ -195,16 +258,19 @@ std::optional<CheckReport> check_model(Processes& processes, const Settings& s, 
 // --tape: the user's ops loaded (--ops), then the saved tape loaded (on every rank) into a tape of
 // its scalar type and checked.
 template <Scalar S>
-CheckReport check_loaded(Processes& processes, const Settings& s) {
+Outcome check_loaded(Processes& processes, const Settings& s) {
     Tape<S> tape;
     const Var<S> J = load_tape(s.tape, tape);
     if (!s.quiet && processes.rank() == 0) {
         fmt::print(stderr, "loaded {} ({} nodes, J = {})\n", s.tape, tape.size(), to_double(J.value()[0]));
     }
+#if TAPEGRAD_WITH_CERTIFY
+    if (s.certify) return certify_tape(processes, s, tape, J);
+#endif
     return processes.check(options_of(s), s.loads, tape, J);
 }
 
-CheckReport check_saved_tape(Processes& processes, const Settings& s) {
+Outcome check_saved_tape(Processes& processes, const Settings& s) {
     for (const std::string& library : s.ops) {
         const std::vector<std::string> names = load_ops(library);
         if (processes.rank() == 0 && !s.quiet) fmt::print(stderr, "loaded from {}: {}\n", library, fmt::join(names, ", "));
@@ -213,7 +279,7 @@ CheckReport check_saved_tape(Processes& processes, const Settings& s) {
                                                                : check_loaded<double>(processes, s);
 }
 
-std::optional<CheckReport> check_attention(Processes& processes, const Settings& s, bool multihead) {
+Outcome check_attention(Processes& processes, const Settings& s, bool multihead) {
     std::mt19937_64 generator(s.seed);
     const double a = std::sqrt(3.0 / static_cast<double>(s.width));
     const Shape weight{s.width, s.width};
@@ -237,7 +303,7 @@ std::optional<CheckReport> check_attention(Processes& processes, const Settings&
     }, leaves);
 }
 
-std::optional<CheckReport> check_retrieval(Processes& processes, const Settings& s) {
+Outcome check_retrieval(Processes& processes, const Settings& s) {
     if (s.tokens < 2) throw value_error("tapegrad-check: the retrieval model needs --tokens of at least 2");
     RetrievalConfig config;
     config.pairs = s.tokens - 1;
@@ -289,6 +355,7 @@ std::optional<Settings> parse(int argc, char** argv) {
         "quiet,q", po::bool_switch(&s.quiet), "no progress on stderr")(
         "loads", po::bool_switch(&s.loads), "each rank's share and time on stderr (with MPI)")(
         "plan", po::bool_switch(&s.plan), "print the derivatives a full check takes and their estimated cost; check nothing")(
+        "certify", po::bool_switch(&s.certify), "certify the gradient in 50-digit intervals instead of checking it (one process)")(
         "tape", po::value(&s.tape), "check this saved tape instead of a model")(
         "save-tape", po::value(&s.save_tape), "write the model's recorded tape to this file; check nothing")(
         "ops", po::value(&s.ops)->composing(),
@@ -300,6 +367,17 @@ std::optional<Settings> parse(int argc, char** argv) {
         return std::nullopt;
     }
     po::notify(values);
+    if (s.certify) {
+#if !TAPEGRAD_WITH_CERTIFY
+        throw po::error("--certify: this tapegrad-check was built without certified gradients (MPFI, libmpfi-dev)");
+#endif
+        for (const char* check_option : {"fast", "directions", "loads", "plan", "save-tape"}) {
+            if (values.count(check_option) && !values[check_option].defaulted()) {
+                throw po::error(fmt::format("--{} belongs to the finite-difference check; --certify certifies every "
+                                            "element in intervals", check_option));
+            }
+        }
+    }
     if (!s.tape.empty()) {
         for (const char* model_option : {"model", "tokens", "width", "heads", "batch", "plan", "save-tape"}) {
             if (values.count(model_option) && !values[model_option].defaulted()) {
@@ -338,13 +416,25 @@ int main(int argc, char** argv) {
     Processes processes;
     try {
         set_threads(settings->threads);
-        const std::optional<CheckReport> report =
+        const Outcome outcome =
             !settings->tape.empty()           ? check_saved_tape(processes, *settings)
             : settings->model == "retrieval" ? check_retrieval(processes, *settings)
                                               : check_attention(processes, *settings, settings->model == "multihead");
-        if (!report) return exit_ok;  // --plan, --save-tape
-        if (processes.rank() == 0) fmt::print("{}\n", report->summary());
-        return report->passed ? exit_ok : exit_check_failed;
+        return std::visit(
+            [&](const auto& report) {
+                using Report = std::decay_t<decltype(report)>;
+                if constexpr (std::is_same_v<Report, std::monostate>) {
+                    return exit_ok;  // --plan, --save-tape
+                } else {
+                    if (processes.rank() == 0) fmt::print("{}\n", report.summary());
+                    if constexpr (std::is_same_v<Report, CheckReport>) {
+                        return report.passed ? exit_ok : exit_check_failed;
+                    } else {
+                        return report.passed() ? exit_ok : exit_check_failed;
+                    }
+                }
+            },
+            outcome);
     } catch (const std::exception& e) {
         fmt::print(stderr, "tapegrad-check: {}\n", e.what());
         return exit_error;

@@ -11,23 +11,23 @@ namespace tapegrad {
 namespace {
 
 template <Scalar S>
-CertificationReport certify_recorded(const Tape<S>& tape, const Var<S>& J) {
+CertificationReport certify_recorded(const Tape<S>& tape, const Var<S>& J, const CertifyOptions& options) {
     const std::vector<NamedTensor> leaves = detail::recorded_leaves(tape, J, "certify_gradients");
     return detail::certify(
         [&tape, &J]<Scalar U>(std::span<const Var<U>> vars) {
             return rerun<S, U>(tape, J, vars, nullptr, certify_siblings<S, U>());
         },
-        std::span<const NamedTensor>(leaves));
+        std::span<const NamedTensor>(leaves), options);
 }
 
 }  // namespace
 
-CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J) {
-    return certify_recorded(tape, J);
+CertificationReport certify_gradients(const Tape<double>& tape, const Var<double>& J, const CertifyOptions& options) {
+    return certify_recorded(tape, J, options);
 }
 
-CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J) {
-    return certify_recorded(tape, J);
+CertificationReport certify_gradients(const Tape<float>& tape, const Var<float>& J, const CertifyOptions& options) {
+    return certify_recorded(tape, J, options);
 }
 
 }  // namespace tapegrad
