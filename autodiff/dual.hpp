@@ -23,6 +23,7 @@
 #include <limits>
 #include <numbers>
 #include <type_traits>
+#include <utility>
 
 namespace tapegrad {
 
@@ -55,11 +56,13 @@ public:
 
     constexpr Dual() = default;
     /// From the underlying scalar or any built-in number: a constant (tangent zero).
-    constexpr Dual(const T& value) : v_(value), t_(0) {}  // NOLINT: implicit, as a constant
+    constexpr Dual(T value) : v_(std::move(value)), t_(0) {}  // NOLINT: implicit, as a constant
     template <class U>
         requires(std::is_arithmetic_v<U> && !std::is_same_v<U, T>)
     constexpr Dual(U value) : v_(value), t_(0) {}  // NOLINT: implicit, so `1 - y` and `T(0)` read as for double
-    constexpr Dual(const T& value, const T& tangent) : v_(value), t_(tangent) {}
+    /// (By value, moved in: the parts an operation below computes are taken over, not copied, which
+    /// for a scalar that allocates, as the 50-digit intervals of check/certify.hpp, is most of its cost.)
+    constexpr Dual(T value, T tangent) : v_(std::move(value)), t_(std::move(tangent)) {}
 
     const T& value() const { return v_; }
     const T& tangent() const { return t_; }
@@ -73,7 +76,7 @@ public:
     friend Dual operator-(const Dual& a) { return {-a.v_, -a.t_}; }
     friend Dual operator+(const Dual& a) { return a; }
     friend Dual operator*(const Dual& a, const Dual& b) {
-        return {a.v_ * b.v_, scaled(a.t_, b.v_) + scaled(b.t_, a.v_)};
+        return {a.v_ * b.v_, scaled_sum(a.t_, b.v_, b.t_, a.v_)};
     }
     /// a / b = a · (1/b): t = (t_a − (a/b)·t_b) / b.
     friend Dual operator/(const Dual& a, const Dual& b) {
@@ -212,6 +215,15 @@ public:
 private:
     /// tangent·factor, exactly zero when the tangent is zero (whatever the factor: ±inf included).
     static T scaled(const T& tangent, const T& factor) { return exactly_zero(tangent) ? T(0) : T(tangent * factor); }
+    /// t1·f1 + t2·f2, each term as scaled. For a scalar that is not built in (50 digits, intervals),
+    /// a zero term is not added: x + 0 is x exactly there, and the addition is an allocation saved.
+    static T scaled_sum(const T& t1, const T& f1, const T& t2, const T& f2) {
+        if constexpr (!std::is_arithmetic_v<T>) {
+            if (exactly_zero(t1)) return scaled(t2, f2);
+            if (exactly_zero(t2)) return T(t1 * f1);
+        }
+        return scaled(t1, f1) + scaled(t2, f2);
+    }
     /// √π in T's precision (π as 4·atan(1): correctly rounded for double, 50 digits for mp50).
     static T sqrt_pi() {
         using std::atan;

@@ -118,11 +118,11 @@ public:
     Interval(U x) : x_(x) {}  // NOLINT: implicit, so `a * 2` and `T(0.5)` read as for double
     /// An MPFI interval as it is (a function, not a constructor: a converting constructor from
     /// mpfi50 would make Boost's own conversion traits look at Interval, and fail, on every copy).
-    static Interval of(const mpfi50& x) {
-        Interval i;
-        i.x_ = x;
-        return i;
-    }
+    static Interval of(const mpfi50& x) { return Interval(Wrap{}, mpfi50(x)); }
+    /// The same from a temporary, taken over without a copy: each arithmetic result below is one
+    /// MPFI allocation, not three (a temporary, a default value, the copy), and allocation is most
+    /// of a certification's time.
+    static Interval of(mpfi50&& x) { return Interval(Wrap{}, std::move(x)); }
     /// [lo, hi] (lo ≤ hi).
     Interval(const mpfr50& lo, const mpfr50& hi) : x_(lo, hi) {}
 
@@ -133,9 +133,9 @@ public:
     friend mpfr50 midpoint(const Interval& a) { return boost::multiprecision::median(a.x_); }
     friend mpfr50 width(const Interval& a) { return boost::multiprecision::width(a.x_); }
     friend bool overlap(const Interval& a, const Interval& b) { return boost::multiprecision::overlap(a.x_, b.x_); }
-    friend bool is_point(const Interval& a) { return lower(a) == upper(a); }
+    friend bool is_point(const Interval& a) { return mpfr_equal_p(a.lo(), a.hi()) != 0; }
     /// Exactly the point 0 (never ambiguous): Dual's strong zero.
-    friend bool exactly_zero(const Interval& a) { return lower(a) == 0 && upper(a) == 0; }
+    friend bool exactly_zero(const Interval& a) { return mpfr_zero_p(a.lo()) && mpfr_zero_p(a.hi()); }
     /// The midpoint, rounded (what to_double reports).
     template <class U>
     U convert_to() const {
@@ -154,10 +154,32 @@ public:
     friend Interval operator/(const Interval& a, const Interval& b) { return of(mpfi50(a.x_ / b.x_)); }
     friend Interval operator-(const Interval& a) { return of(mpfi50(-a.x_)); }
     friend Interval operator+(const Interval& a) { return a; }
-    Interval& operator+=(const Interval& b) { return *this = *this + b; }
-    Interval& operator-=(const Interval& b) { return *this = *this - b; }
-    Interval& operator*=(const Interval& b) { return *this = *this * b; }
-    Interval& operator/=(const Interval& b) { return *this = *this / b; }
+    /// c += a·b (kernels::multiply_add, the plain products' loops): the product in a scratch interval
+    /// of the thread's, then added in place, with no allocation.
+    friend void multiply_add_in_place(Interval& c, const Interval& a, const Interval& b) {
+        thread_local mpfi50 product;
+        product = a.x_;
+        product *= b.x_;
+        c.x_ += product;
+    }
+
+    // In place (MPFI's operations allow the result to be an operand): no temporary to allocate.
+    Interval& operator+=(const Interval& b) {
+        x_ += b.x_;
+        return *this;
+    }
+    Interval& operator-=(const Interval& b) {
+        x_ -= b.x_;
+        return *this;
+    }
+    Interval& operator*=(const Interval& b) {
+        x_ *= b.x_;
+        return *this;
+    }
+    Interval& operator/=(const Interval& b) {
+        x_ /= b.x_;
+        return *this;
+    }
 
     // An ordering is decided only when the intervals lie strictly apart: where they overlap or touch
     // (a tie: relu's a > 0 at a = 0, two equal maxima, a clamp at its bound) a small change of the
@@ -175,7 +197,7 @@ public:
     }
     friend bool operator>=(const Interval& a, const Interval& b) { return b <= a; }
     friend bool operator==(const Interval& a, const Interval& b) {
-        const bool identical = lower(a) == lower(b) && upper(a) == upper(b);  // one point, or a copy of one value
+        const bool identical = mpfr_equal_p(a.lo(), b.lo()) && mpfr_equal_p(a.hi(), b.hi());  // one point, or a copy
         return decide(a, b, "==", identical, !overlap(a, b));
     }
     friend bool operator!=(const Interval& a, const Interval& b) { return !(a == b); }
@@ -208,15 +230,21 @@ public:
         return midpoint(candidate) > midpoint(current);
     }
     friend Interval min(const Interval& a, const Interval& b) { return b < a ? b : a; }
-    friend bool isnan(const Interval& a) { return boost::multiprecision::isnan(lower(a)) || boost::multiprecision::isnan(upper(a)); }
-    friend bool isinf(const Interval& a) { return boost::multiprecision::isinf(lower(a)) && lower(a) == upper(a); }
-    friend bool isfinite(const Interval& a) { return boost::multiprecision::isfinite(lower(a)) && boost::multiprecision::isfinite(upper(a)); }
+    friend bool isnan(const Interval& a) { return mpfr_nan_p(a.lo()) || mpfr_nan_p(a.hi()); }
+    friend bool isinf(const Interval& a) { return mpfr_inf_p(a.lo()) && mpfr_equal_p(a.lo(), a.hi()); }
+    friend bool isfinite(const Interval& a) { return mpfr_number_p(a.lo()) && mpfr_number_p(a.hi()); }
 
 private:
-    /// Every point of a below every point of b.
-    static bool apart(const Interval& a, const Interval& b) { return upper(a) < lower(b); }
+    struct Wrap {};
+    Interval(Wrap, mpfi50&& x) : x_(std::move(x)) {}
+    /// The endpoints in place, for tests that need no copy of them (lower and upper return values).
+    mpfr_srcptr lo() const { return &x_.backend().data()[0].left; }
+    mpfr_srcptr hi() const { return &x_.backend().data()[0].right; }
+
+    /// Every point of a below every point of b (false when either holds a NaN).
+    static bool apart(const Interval& a, const Interval& b) { return mpfr_less_p(a.hi(), b.lo()) != 0; }
     static bool same_infinity(const Interval& a, const Interval& b) {
-        return is_point(a) && is_point(b) && boost::multiprecision::isinf(lower(a)) && lower(a) == lower(b);
+        return is_point(a) && is_point(b) && mpfr_inf_p(a.lo()) && mpfr_equal_p(a.lo(), b.lo());
     }
     /// `yes` when the comparison is certainly true, `no` when certainly false; otherwise ambiguous.
     static bool decide(const Interval& a, const Interval& b, const char* comparison, bool yes, bool no) {

@@ -82,6 +82,19 @@ void for_each_block(std::size_t m, std::size_t n, std::size_t k, const Product& 
     }
 }
 
+/// c += a·b for the plain loops below: a scalar may give its own `multiply_add_in_place(c, a, b)`
+/// (found by argument-dependent lookup), the same product rounded and then added, without a
+/// temporary (the 50-digit intervals of autodiff/interval.hpp, whose every temporary is an
+/// allocation).
+template <class T>
+void multiply_add(T& c, const T& a, const T& b) {
+    if constexpr (requires { multiply_add_in_place(c, a, b); }) {
+        multiply_add_in_place(c, a, b);
+    } else {
+        c += a * b;
+    }
+}
+
 /// C (m×n) = op(A)·op(B) (accumulate == false) or C += op(A)·op(B), for row-major buffers.
 /// ab:  A is m×k, B is k×n.   abT: A is m×k, B is n×k.   aTb: A is k×m, B is k×n.
 template <Scalar T>
@@ -98,23 +111,23 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
             case Form::ab:  // C[i,j] += A[i,p] B[p,j]: stream rows of B
                 for (std::size_t i = 0; i < m; ++i)
                     for (std::size_t p = 0; p < k; ++p) {
-                        const T a = A[i * k + p];
-                        for (std::size_t j = 0; j < n; ++j) C[i * n + j] += a * B[p * n + j];
+                        const T& a = A[i * k + p];
+                        for (std::size_t j = 0; j < n; ++j) kernels::multiply_add(C[i * n + j], a, B[p * n + j]);
                     }
                 break;
             case Form::abT:  // C[i,j] = row i of A · row j of B
                 for (std::size_t i = 0; i < m; ++i)
                     for (std::size_t j = 0; j < n; ++j) {
                         T dot(0);
-                        for (std::size_t p = 0; p < k; ++p) dot += A[i * k + p] * B[j * k + p];
+                        for (std::size_t p = 0; p < k; ++p) kernels::multiply_add(dot, A[i * k + p], B[j * k + p]);
                         C[i * n + j] += dot;
                     }
                 break;
             case Form::aTb:  // C[i,j] += A[p,i] B[p,j]: stream rows of A and B together
                 for (std::size_t p = 0; p < k; ++p)
                     for (std::size_t i = 0; i < m; ++i) {
-                        const T a = A[p * m + i];
-                        for (std::size_t j = 0; j < n; ++j) C[i * n + j] += a * B[p * n + j];
+                        const T& a = A[p * m + i];
+                        for (std::size_t j = 0; j < n; ++j) kernels::multiply_add(C[i * n + j], a, B[p * n + j]);
                     }
                 break;
         }
