@@ -177,8 +177,27 @@ BOOST_AUTO_TEST_CASE(a_single_position_attends_to_itself) {
 }
 
 BOOST_AUTO_TEST_CASE(masks_reject_impossible_blocks_and_empty_sequences) {
-    BOOST_CHECK_THROW(causal_mask(3, 4, 2), shape_error);  // queries at 2..4 need 5 keys
-    BOOST_CHECK_THROW(causal_mask(0, 4), shape_error);
+    // Each refusal's message whole, with every number it names (a count swapped for another would
+    // still throw), from each builder that checks the block.
+    BOOST_TEST(message_of<shape_error>([] { causal_mask(3, 4, 2); }) ==
+               "causal_mask: queries at absolute positions 2..4 (query_offset 2) need keys up to position 4, but "
+               "there are only 4 keys");
+    BOOST_TEST(message_of<shape_error>([] { causal_mask(0, 4); }) ==
+               "causal_mask: 0 queries and 4 keys; both must be at least one");
+    BOOST_TEST(message_of<shape_error>([] { causal_mask(2, 0); }) ==
+               "causal_mask: 2 queries and 0 keys; both must be at least one");
+    const std::vector<std::size_t> one = {2};
+    BOOST_TEST(message_of<shape_error>([&] { padding_mask(one, 3, 5, 3); }) ==
+               "padding_mask: queries at absolute positions 3..5 (query_offset 3) need keys up to position 5, but "
+               "there are only 5 keys");
+    BOOST_TEST(message_of<shape_error>([] { padding_mask({}, 2, 2); }) == "padding_mask: no sequence lengths given");
+    BOOST_TEST(message_of<shape_error>([] { alibi_bias(0, 2, 2); }) == "alibi_bias: heads must be at least 1");
+    // One head is a head: its bias is −m·|i − j| with m = 2^−8 (ALiBi's slope for one head).
+    const Tensor<double> one_head = alibi_bias(1, 2, 3);
+    BOOST_TEST((one_head.shape() == Shape{1, 2, 3}));
+    BOOST_TEST(one_head[0] == 0.0);                   // query 0, key 0
+    BOOST_TEST(one_head[2] == -2.0 / 256.0);          // query 0, key 2
+    BOOST_TEST(one_head[3] == -1.0 / 256.0);          // query 1, key 0
     const std::vector<std::size_t> with_empty = {3, 0};
     const std::string message = message_of<value_error>([&] { padding_mask(with_empty, 3, 3); });
     BOOST_TEST(message.find("sequence 1 has length 0") != std::string::npos, message);
