@@ -46,19 +46,11 @@ const CertifySiblings* find_certify_siblings(const std::type_info& op);
 
 }  // namespace detail
 
-/// Op's interval siblings (instantiates Op's forward and VJP at Interval and Dual<Interval>).
-template <class Op>
-CertifySiblings certify_siblings_of() {
-    CertifySiblings siblings{};
-    std::apply([](auto&... sibling) { (detail::fill<Op>(sibling), ...); }, siblings.entries);
-    return siblings;
-}
-
 /// Registers Op's interval siblings (again: replaces them). Returns true, so that a namespace-scope
 /// `inline const bool` can do it.
 template <class Op>
 bool register_certify_siblings() {
-    detail::add_certify_siblings(typeid(Op), certify_siblings_of<Op>());
+    detail::add_certify_siblings(typeid(Op), siblings_of<Op, CertifySiblings>());
     return true;
 }
 

@@ -129,10 +129,12 @@ Tensor<U> tensor_as(const Tensor<S>& value) {
 
 }  // namespace detail
 
-/// Op's siblings at every target type (instantiates Op's forward and VJP at each).
-template <class Op>
-OpSiblings siblings_of() {
-    OpSiblings siblings{};
+/// Op's siblings at every target type of `Table` (instantiates Op's forward and VJP at each): the
+/// library's OpSiblings, or another table with `entries`, a tuple of Siblings (the interval ones of
+/// autodiff/interval_rerun.hpp).
+template <class Op, class Table = OpSiblings>
+Table siblings_of() {
+    Table siblings{};
     std::apply([](auto&... sibling) { (detail::fill<Op>(sibling), ...); }, siblings.entries);
     return siblings;
 }

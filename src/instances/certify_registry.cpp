@@ -32,7 +32,7 @@ public:
 private:
     template <class... Ops>
     void add_library_ops(OpList<Ops...>) {
-        (siblings_.emplace(std::type_index(typeid(Ops)), certify_siblings_of<Ops>()), ...);
+        (siblings_.emplace(std::type_index(typeid(Ops)), siblings_of<Ops, CertifySiblings>()), ...);
     }
 
     std::mutex mutex_;
