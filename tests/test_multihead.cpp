@@ -405,3 +405,32 @@ BOOST_AUTO_TEST_CASE(alibi_and_windows_refuse_what_they_cannot_do) {
     BOOST_TEST(testing::message_of<shape_error>([] { (void)alibi_slopes(0); }).find("heads must be at least 1") !=
                std::string::npos);
 }
+
+// The layer's shape refusals name the numbers at fault: W_O's rows against the merged heads' width
+// (W_V's head width times the query heads, not the key/value heads), and padding lengths given for
+// an X that is not a [B, T, D] batch, or one length short of its sequences.
+BOOST_AUTO_TEST_CASE(shape_refusals_name_the_numbers_at_fault) {
+    Tape<double> tape;
+    std::mt19937_64 rng(83);
+    const auto leaf = [&](Shape shape) { return tape.leaf(random_tensor(shape, rng)); };
+    const Var<double> X = leaf(Shape{3, 4}), W = leaf(Shape{4, 4});
+    MultiHeadOptions options;
+    options.heads = 2;
+    const std::string w_o = testing::message_of<shape_error>(
+        [&] { (void)multihead_attention(X, {W, W, leaf(Shape{4, 6}), W}, options); });
+    BOOST_TEST(w_o.find("W_O is " + Shape{4, 4}.to_string() + "; it needs 6 rows (the merged heads' width, W_V is " +
+                        Shape{4, 6}.to_string() + ")") != std::string::npos,
+               w_o);
+    options.lengths = {1};
+    const Var<double> single = leaf(Shape{1, 4});
+    const std::string rank_two = testing::message_of<shape_error>(
+        [&] { (void)multihead_attention(single, {W, W, W, W}, options); });
+    BOOST_TEST(rank_two.find("1 sequence lengths for X_query " + Shape{1, 4}.to_string() +
+                             "; give one length per sequence of a [B, T, D] batch") != std::string::npos,
+               rank_two);
+    const Var<double> batch = leaf(Shape{2, 3, 4});
+    const std::string short_by_one = testing::message_of<shape_error>(
+        [&] { (void)multihead_attention(batch, {W, W, W, W}, options); });
+    BOOST_TEST(short_by_one.find("1 sequence lengths for X_query " + Shape{2, 3, 4}.to_string()) != std::string::npos,
+               short_by_one);
+}
