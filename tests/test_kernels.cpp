@@ -277,3 +277,48 @@ BOOST_AUTO_TEST_CASE(uneven_products_match_one_thread_and_the_reference) {
         }
     }
 }
+
+namespace {
+
+// One small product at type T against the reference, assigning and accumulating.
+template <class T>
+void small_product_matches(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, std::mt19937_64& rng,
+                           double tolerance) {
+    const auto values = [&](std::size_t size) {
+        const Tensor<double> t = testing::random_tensor({size}, rng);
+        return std::vector<T>(t.data().begin(), t.data().end());
+    };
+    const std::vector<T> A = values(m * k), B = values(k * n), C0 = values(m * n);
+    const std::vector<double> reference = reference_product<T>(form, m, n, k, A, B);
+    std::vector<T> C(m * n);
+    kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false);
+    BOOST_TEST(max_mixed(std::vector<double>(C.begin(), C.end()), reference) <= tolerance,
+               "form " << int(form) << " m=" << m << " n=" << n << " k=" << k);
+    C = C0;
+    kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), true);
+    std::vector<double> accumulated(m * n);
+    for (std::size_t x = 0; x < m * n; ++x) accumulated[x] = double(C0[x]) + reference[x];
+    BOOST_TEST(max_mixed(std::vector<double>(C.begin(), C.end()), accumulated) <= tolerance,
+               "accumulating, form " << int(form) << " m=" << m << " n=" << n << " k=" << k);
+}
+
+}  // namespace
+
+// Products with m + n + k under small_product_size are one block that each level computes by its
+// plain loop (small_product in src/cpu/level_kernels.hpp), not by Eigen's GEMM: every form, at
+// shapes whose m, n and k all differ (an index of one for another cannot hide), assigning and
+// accumulating, in float and double (run at every CPU level by the test_kernels_cpu_* rows). The
+// sums have at most 6 products of values in [-1, 1]: rounding below 6·u·6 ≈ 4e-15 (double) and
+// 2.2e-6 (float), relative to max(1, |C|).
+BOOST_AUTO_TEST_CASE(small_products_take_the_plain_loop_and_match_the_reference) {
+    std::mt19937_64 rng(19);
+    constexpr std::size_t small_product_size = 20;  // src/cpu/level_kernels.hpp's (not visible here)
+    constexpr std::size_t shapes[][3] = {{2, 3, 4}, {5, 1, 3}, {1, 6, 2}, {4, 5, 6}, {3, 2, 1}};  // m, n, k
+    for (const auto& s : shapes) {
+        BOOST_TEST_REQUIRE(s[0] + s[1] + s[2] < small_product_size);
+        for (const kernels::Form form : {kernels::Form::ab, kernels::Form::abT, kernels::Form::aTb}) {
+            small_product_matches<double>(form, s[0], s[1], s[2], rng, 1e-14);
+            small_product_matches<float>(form, s[0], s[1], s[2], rng, 1e-5);
+        }
+    }
+}
