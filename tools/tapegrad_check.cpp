@@ -97,16 +97,19 @@ Tensor<double> uniform(const Shape& shape, double a, std::mt19937_64& generator)
     return t;
 }
 
-// Progress lines on stderr, at most one every two seconds per stage (and the last one); with
-// `ranks`, each rank's share and the whole (the check), without, the elements done (certification).
-std::function<void(const CheckProgress&)> progress_printer(bool ranks = true) {
+// What a progress line counts: each rank's share of the derivatives and the whole (the check), or
+// the elements done (a certification, in one process).
+enum class ProgressCount { by_rank, by_element };
+
+// Progress lines on stderr, at most one every two seconds per stage (and the last one).
+std::function<void(const CheckProgress&)> progress_printer(ProgressCount count) {
     auto last = std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
-    return [last, ranks](const CheckProgress& p) {
+    return [last, count](const CheckProgress& p) {
         const auto now = std::chrono::steady_clock::now();
         if (p.done != p.mine && now - *last < std::chrono::seconds(2)) return;
         *last = now;
         const double left = p.seconds / static_cast<double>(p.done) * static_cast<double>(p.mine - p.done);
-        if (ranks) {
+        if (count == ProgressCount::by_rank) {
             fmt::print(stderr,
                        "{}: {} of {} derivatives on this rank ({} on all ranks), {:.1f} s, about {:.0f} s left\n",
                        p.stage, p.done, p.mine, p.all, p.seconds, left);
@@ -194,7 +197,7 @@ CheckOptions options_of(const Settings& s) {
     options.mode = s.fast ? CheckOptions::Mode::fast : CheckOptions::Mode::full;
     options.directions = s.directions;
     options.seed = s.seed;
-    if (!s.quiet) options.progress = progress_printer();
+    if (!s.quiet) options.progress = progress_printer(ProgressCount::by_rank);
     return options;
 }
 
@@ -229,7 +232,7 @@ template <Scalar S>
 Outcome certify_tape(const Processes& processes, const Settings& s, const Tape<S>& tape, const Var<S>& J) {
     processes.require_one("--certify");
     CertifyOptions options;
-    if (!s.quiet) options.progress = progress_printer(false);
+    if (!s.quiet) options.progress = progress_printer(ProgressCount::by_element);
     return certify_gradients(tape, J, options);
 }
 #endif
