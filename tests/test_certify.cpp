@@ -61,6 +61,17 @@ struct ReluShiftedKink : Relu {
     }
 };
 
+// neg whose VJP asks which side of 0 its input is on and gives −G either way: a branch in the backward
+// pass only (the forward compares nothing), at a point where the derivative is still −1.
+struct NegBranchingInVjp : Neg {
+    static constexpr std::string_view name = "neg branching in its VJP";
+    template <Scalar T>
+    static void vjp(const Settings&, const VjpArgs<T>& at, std::size_t, Tensor<T>& dA) {
+        const Tensor<T>& A = *at.in[0];
+        for (std::size_t k = 0; k < A.size(); ++k) dA[k] = A[k] > T(0) ? T(-at.G[k]) : T(-at.G[k]);
+    }
+};
+
 template <class Op, class V>
 V record_unary(const V& A) {
     return A.tape().template record<Op>({A});
@@ -137,6 +148,10 @@ void expect_undecided_at(const CertificationReport& report, std::string_view nod
         if (d.verdict != Certified::undecided) continue;
         BOOST_TEST(d.kink.find(fmt::format("({}", node_op)) != std::string::npos, d.kink);
         BOOST_TEST(d.kink.find("is ambiguous") != std::string::npos, d.kink);
+        // A kink met in an element's own forward pass names that element, leaf and index.
+        if (d.kink.find("forward pass") != std::string::npos) {
+            BOOST_TEST(d.kink.find(fmt::format("forward pass of {}[{}]", d.leaf, d.index)) != std::string::npos, d.kink);
+        }
     }
 }
 
@@ -342,6 +357,20 @@ BOOST_AUTO_TEST_CASE(kinks_are_undecided_and_named) {
     const Tensor<double> padded = matrix({{0.4, -0.3}, {0.0, 0.0}});
     expect_undecided_at(certify_gradients([](auto in) { return sum(relu(matmul(in[0], in[0]))); }, {{"X", padded}}),
                         "relu");
+}
+
+// A branch taken only in the backward pass, at a tie, leaves every element undecided (the VJPs are
+// one enclosure for all of them), naming the op and the backward pass; away from the tie, certified.
+BOOST_AUTO_TEST_CASE(a_kink_met_only_in_the_backward_pass_is_undecided) {
+    const auto graph = [](auto in) { return sum(mul(record_unary<NegBranchingInVjp>(in[0]), in[0])); };
+    const Tensor<double> at_zero = matrix({{0.6, -0.3}, {0.0, 1.2}});
+    const CertificationReport report = certify_gradients(graph, {{"X", at_zero}});
+    expect_undecided_at(report, NegBranchingInVjp::name);
+    BOOST_TEST(report.undecided == at_zero.size(), report.summary());
+    for (const CertifiedDerivative& d : report.derivatives) {
+        BOOST_TEST(d.kink.find("in the backward pass") != std::string::npos, d.kink);
+    }
+    expect_all_certified(certify_gradients(graph, {{"X", matrix({{0.6, -0.3}, {0.2, 1.2}})}}), 4);
 }
 
 // Away from the kinks, the same ops are certified.
