@@ -150,7 +150,8 @@ void expect_undecided_at(const CertificationReport& report, std::string_view nod
         BOOST_TEST(d.kink.find("is ambiguous") != std::string::npos, d.kink);
         // A kink met in an element's own forward pass names that element, leaf and index.
         if (d.kink.find("forward pass") != std::string::npos) {
-            BOOST_TEST(d.kink.find(fmt::format("forward pass of {}[{}]", d.leaf, d.index)) != std::string::npos, d.kink);
+            BOOST_TEST(d.kink.find(fmt::format("forward pass of {}[{}]", d.leaf, d.index)) != std::string::npos,
+                       d.kink);
         }
     }
 }
