@@ -28,8 +28,10 @@
 /// What is proven is about the function the code computes in exact arithmetic (double constants in
 /// the code are taken as the doubles they are), not about float rounding: that is the precision
 /// audit's job (check/audit.hpp). The cost is one interval backward and one interval forward pass
-/// per leaf element, each operation a 50-digit MPFI one: meant for the graphs a test checks (the
-/// spec-shaped attention's 24 elements take milliseconds, tests/test_certify.cpp).
+/// per leaf element, each operation a 50-digit MPFI one: meant for the graphs a test checks. The
+/// forward passes repeat the same values (only the tangents differ), so the exponentials and their
+/// kin are computed once and remembered (autodiff/interval.hpp): the walkthrough's 16 elements
+/// certify in about half the time of their 50-digit check (benchmarks/bench_certify.cpp).
 /// Certifications take turns in a process (they share the interval ambiguity log).
 /// Include this header only where you certify, and link tapegrad::certify (its static library, with
 /// the interval siblings of every library op and the recorded tape's certification, and MPFI, MPFR,

@@ -13,7 +13,10 @@
 
 #include <limits>
 #include <map>
+#include <mpfi.h>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace tapegrad;
 
@@ -182,6 +185,97 @@ BOOST_AUTO_TEST_CASE(intervals_enclose_exact_results) {
     BOOST_TEST(lower(erf_half).convert_to<double>() <= std::erf(0.5) + 1e-16);
     BOOST_TEST(upper(erf_half).convert_to<double>() >= std::erf(0.5) - 1e-16);
     BOOST_TEST(width(erf_half).convert_to<double>() < 1e-49);
+}
+
+// An interval keeps its endpoints' limbs inside itself (autodiff/interval.hpp): a copy, an
+// assignment (to itself too) and a vector's reallocations must each leave every value its own, and
+// every built-in type converts exactly (long double, whose 64 bits fit, too).
+BOOST_AUTO_TEST_CASE(copies_and_reallocations_keep_each_value_its_own) {
+    const Interval third = Interval(1) / 3;
+    const mpfr50 third_lo = lower(third), third_hi = upper(third);
+    Interval copy = third;
+    copy += Interval(1);
+    BOOST_TEST((lower(third) == third_lo && upper(third) == third_hi));
+    BOOST_TEST((lower(copy) == third_lo + 1 && upper(copy) >= third_hi + 1));
+    Interval assigned;
+    BOOST_TEST(exactly_zero(assigned));
+    assigned = copy;
+    const Interval& alias = assigned;
+    assigned = alias;  // itself
+    BOOST_TEST((lower(assigned) == lower(copy) && upper(assigned) == upper(copy)));
+    std::vector<Interval> values;
+    for (int k = -500; k < 500; ++k) values.push_back(Interval(k) / 7);  // reallocated several times
+    for (int k = -500; k < 500; ++k) {
+        const Interval& v = values[static_cast<std::size_t>(k + 500)];
+        BOOST_TEST_REQUIRE((lower(v) * 7 <= k && k <= upper(v) * 7 && width(v) < mpfr50(1e-45)), k);
+    }
+    BOOST_TEST((is_point(Interval(0.1f)) && lower(Interval(0.1f)) == mpfr50(double(0.1f))));
+    BOOST_TEST((is_point(Interval(-3)) && lower(Interval(-3)) == -3));
+    BOOST_TEST((is_point(Interval(5u)) && lower(Interval(5u)) == 5));
+    const long double tenth = 0.1L;
+    BOOST_TEST((is_point(Interval(tenth)) && lower(Interval(tenth)) == mpfr50(tenth)));
+    BOOST_TEST(!(mpfr50(tenth) == mpfr50(0.1)));  // a long double of its own, not the double
+    // pow, taken from Boost's MPFI: a zero base, a negative base with an odd integer exponent.
+    const Interval root = pow(Interval(2), Interval(0.5));
+    BOOST_TEST((lower(root) * lower(root) <= 2 && 2 <= upper(root) * upper(root)));
+    const Interval cube = pow(Interval(-2), Interval(3));  // through exp(3 log 2): a thin interval
+    BOOST_TEST((lower(cube) <= -8 && -8 <= upper(cube) && width(cube) < mpfr50(1e-45)));
+    BOOST_TEST(exactly_zero(pow(Interval(0), Interval(2))));
+}
+
+// The transcendental functions remember their last results per thread (a certification repeats
+// the same forward values once per element): every function at 600 arguments (more than the
+// memory's slots, so slots are shared and overwritten), point and wide, each asked twice among the
+// others, must give the endpoints MPFI or MPFR computes afresh, bit for bit; a NaN stays a NaN.
+BOOST_AUTO_TEST_CASE(remembered_functions_give_what_computing_again_gives) {
+    using Unary = Interval (*)(const Interval&);
+    using Fresh = int (*)(mpfi_ptr, mpfi_srcptr);
+    const std::vector<std::pair<Unary, Fresh>> functions = {{[](const Interval& a) { return exp(a); }, mpfi_exp},
+                                                            {[](const Interval& a) { return expm1(a); }, mpfi_expm1},
+                                                            {[](const Interval& a) { return log(a); }, mpfi_log},
+                                                            {[](const Interval& a) { return log1p(a); }, mpfi_log1p},
+                                                            {[](const Interval& a) { return tanh(a); }, mpfi_tanh},
+                                                            {[](const Interval& a) { return sinh(a); }, mpfi_sinh},
+                                                            {[](const Interval& a) { return cosh(a); }, mpfi_cosh},
+                                                            {[](const Interval& a) { return sin(a); }, mpfi_sin},
+                                                            {[](const Interval& a) { return cos(a); }, mpfi_cos},
+                                                            {[](const Interval& a) { return atan(a); }, mpfi_atan}};
+    const auto fresh_erf = [](const Interval& a, bool complement) {
+        mpfr50 lo, hi;
+        const auto f = complement ? mpfr_erfc : mpfr_erf;
+        f(lo.backend().data(), (complement ? upper(a) : lower(a)).backend().data(), MPFR_RNDD);
+        f(hi.backend().data(), (complement ? lower(a) : upper(a)).backend().data(), MPFR_RNDU);
+        return std::pair(lo, hi);
+    };
+    std::vector<Interval> arguments;
+    for (int k = 0; k < 300; ++k) {
+        const double x = 0.37 * (k - 150) + 1e-3 * k;
+        arguments.push_back(Interval(x));                                     // a point
+        arguments.push_back(Interval(mpfr50(x), mpfr50(x) + mpfr50(1e-20)));  // a wide interval
+    }
+    for (int round = 0; round < 2; ++round) {
+        for (const Interval& a : arguments) {
+            for (const auto& [f, fresh] : functions) {
+                const mpfi50 reference_argument(lower(a), upper(a));
+                mpfi50 reference;
+                fresh(reference.backend().data(), reference_argument.backend().data());
+                const Interval got = f(a);
+                BOOST_TEST_REQUIRE((isnan(got) == (mpfi_nan_p(reference.backend().data()) != 0)),
+                                   a << " round " << round);
+                if (isnan(got)) continue;
+                BOOST_TEST_REQUIRE((lower(got) == boost::multiprecision::lower(reference) &&
+                                    upper(got) == boost::multiprecision::upper(reference)),
+                                   a << " round " << round);
+            }
+            for (const bool complement : {false, true}) {
+                const Interval got = complement ? erfc(a) : erf(a);
+                const auto [lo, hi] = fresh_erf(a, complement);
+                BOOST_TEST_REQUIRE((lower(got) == lo && upper(got) == hi), a << " round " << round);
+            }
+        }
+    }
+    const Interval nan = log(Interval(-1));
+    BOOST_TEST((isnan(nan) && isnan(log(Interval(-1))) && isnan(exp(nan)) && isnan(exp(nan))));
 }
 
 // Orderings are decided only for intervals strictly apart; overlap or a tie is ambiguous, equal
