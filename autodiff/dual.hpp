@@ -97,6 +97,9 @@ public:
     Dual& operator/=(const Dual& b) { return *this = *this / b; }
 
     friend bool operator==(const Dual& a, const Dual& b) { return a.v_ == b.v_; }
+    /// A dual is exactly zero when both its parts are: the strong zero of a Dual over a Dual
+    /// (second order) must not drop a tangent whose value is 0 and whose own tangent is not.
+    friend bool exactly_zero(const Dual& a) { return exactly_zero(a.v_) && exactly_zero(a.t_); }
     friend bool shift_prefers(const Dual& candidate, const Dual& current) {
         return shift_prefers(candidate.v_, current.v_);
     }

@@ -425,7 +425,7 @@ private:
     std::array<std::array<mp_limb_t, limbs_per_endpoint>, 2> limbs_{};
 };
 
-/// The tape names the node computing (autodiff/tape.hpp), for Interval and Dual<Interval> tapes.
+/// The tape names the node computing (autodiff/tape.hpp), for tapes of Interval and its duals.
 template <>
 struct NodeContext<Interval> {
     static void enter(std::uint32_t node, bool in_vjp) {
@@ -438,6 +438,8 @@ struct NodeContext<Interval> {
 };
 template <>
 struct NodeContext<Dual<Interval>> : NodeContext<Interval> {};
+template <>
+struct NodeContext<Dual<Dual<Interval>>> : NodeContext<Interval> {};
 
 }  // namespace tapegrad
 

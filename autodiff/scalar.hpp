@@ -2,7 +2,7 @@
 /// Scalar types tapegrad computes in, and the few math helpers that must work for all of them:
 /// float, double, Boost.Multiprecision's numbers (mp50, the checker's 50-digit reference type, is
 /// autodiff/mp50.hpp), and Dual over any of them (a value and a tangent, forward mode:
-/// autodiff/dual.hpp). This header does not include Boost.Multiprecision: a program that records
+/// autodiff/dual.hpp), once or twice. This header does not include Boost.Multiprecision: a program that records
 /// and checks tapes of float or double compiles nothing of it (the light headers, tapegrad_record.hpp).
 #pragma once
 
@@ -23,8 +23,11 @@ concept RealScalar = std::floating_point<T> ||
                      (requires { typename T::backend_type; } && std::numeric_limits<T>::is_specialized &&
                       !std::numeric_limits<T>::is_integer);
 
+/// A real scalar, a Dual over one (forward mode), or a Dual over a Dual over one (second order in
+/// forward mode: certified Hessian-vector products, check/certify.hpp).
 template <class T>
-concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>);
+concept Scalar = RealScalar<T> || (is_dual_v<T> && RealScalar<typename T::value_type>) ||
+                 (is_dual_v<T> && is_dual_v<typename T::value_type> && RealScalar<typename T::value_type::value_type>);
 
 /// The numbers a scalar is stored as: a `Dual<U>` is its value then its tangent, two U's in a row
 /// (standard layout, no padding: asserted below), so a scan over a whole array (the tape's NaN

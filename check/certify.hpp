@@ -7,6 +7,7 @@
 ///     CertificationReport report = certify_gradients(graph, {{"X", X}, {"W", W}});
 ///     report.summary();   // "certified 24 of 24 derivatives: |VJP − derivative| ≤ 3.1e-48 ..."
 ///     CertificationReport same = certify_gradients(tape, J);   // a Tape<double> or Tape<float>
+///     CertificationReport second = certify_hvp(graph, {{"X", X}, {"W", W}}, {v_X, v_W});   // H·v
 ///
 /// How. Interval arithmetic at 50 digits (autodiff/interval.hpp) encloses the exact real result of
 /// the same code. (1) The graph recorded on a Tape<Interval> from the leaves as point intervals, and
@@ -128,25 +129,79 @@ inline void count_verdicts(CertificationReport& report) {
     }
 }
 
-/// The leaves on `tape` as point intervals; on a dual tape, the tangent 1 at flat element
-/// `tangent_at` (counted across the leaves in order) and 0 everywhere else.
-template <Scalar T>
-std::vector<Var<T>> interval_leaves(Tape<T>& tape, std::span<const NamedTensor> leaves, std::size_t tangent_at) {
+/// The leaves on `tape`, each element made by `element(flat, x)` from its double x and its flat
+/// index counted across the leaves in order (a point, or a dual seeded with a tangent).
+template <Scalar T, class Element>
+std::vector<Var<T>> interval_leaves(Tape<T>& tape, std::span<const NamedTensor> leaves, const Element& element) {
     std::vector<Var<T>> vars;
     std::size_t offset = 0;
     for (const NamedTensor& leaf : leaves) {
         Tensor<T> value(leaf.value.shape());
-        for (std::size_t k = 0; k < value.size(); ++k) {
-            if constexpr (is_dual_v<T>) {
-                value[k] = T(Interval(leaf.value[k]), Interval(offset + k == tangent_at ? 1 : 0));
-            } else {
-                value[k] = T(leaf.value[k]);
-            }
-        }
+        for (std::size_t k = 0; k < value.size(); ++k) value[k] = element(offset + k, leaf.value[k]);
         offset += value.size();
         vars.push_back(tape.leaf(std::move(value), leaf.name));
     }
     return vars;
+}
+
+/// The one element of J, refused otherwise (`what` names the caller).
+template <Scalar T>
+void require_one_element(const Var<T>& J, std::string_view what) {
+    if (J.shape().size() != 1) {
+        throw usage_error(fmt::format("{}: J must have one element, it has shape {}", what, J.shape().to_string()));
+    }
+}
+
+/// What one run in intervals gives: an enclosure, and the first ambiguous comparison of the run,
+/// named (empty when there was none).
+struct Enclosure {
+    Interval value;
+    std::string kink;
+};
+
+/// The first ambiguity since the last clear, named with its node on `tape`; empty when none.
+template <class T>
+std::string kink_of(const Tape<T>& tape, std::string_view pass) {
+    const IntervalAmbiguityLog log = interval_ambiguities();
+    return log.count == 0 ? std::string() : describe_ambiguity(log, tape, pass);
+}
+
+/// The verdict of every element: `claimed[l][k]` encloses what the library's reverse path gives
+/// (`claimed_kink` from its run), `exact(flat, leaf, k)` the exact derivative by forward mode, one
+/// run per element. Reports progress as `stage`.
+template <class Exact>
+CertificationReport judge_every_element(std::span<const NamedTensor> leaves,
+                                        const std::vector<Tensor<Interval>>& claimed, const std::string& claimed_kink,
+                                        Exact&& exact, std::string_view stage, const CertifyOptions& options) {
+    const auto start = std::chrono::steady_clock::now();
+    std::size_t elements = 0;
+    for (const NamedTensor& leaf : leaves) elements += leaf.value.size();
+    CertificationReport report;
+    std::size_t flat = 0;
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+        for (std::size_t k = 0; k < leaves[l].value.size(); ++k, ++flat) {
+            clear_interval_ambiguities();
+            Enclosure derivative = exact(flat, leaves[l].name, k);
+            CertifiedDerivative d;
+            d.leaf = leaves[l].name;
+            d.index = k;
+            d.derivative = std::move(derivative.value);
+            d.vjp = claimed[l][k];
+            if (!derivative.kink.empty() || !claimed_kink.empty()) {
+                d.verdict = Certified::undecided;
+                d.kink = !derivative.kink.empty() ? std::move(derivative.kink) : claimed_kink;
+            } else {
+                judge(d);
+            }
+            report.derivatives.push_back(std::move(d));
+            if (options.progress) {
+                const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+                options.progress(CheckProgress{stage, flat + 1, elements, elements, seconds.count()});
+            }
+        }
+    }
+    count_verdicts(report);
+    return report;
 }
 
 /// Certifies every gradient element of `graph`, a callable from the leaves (a span of Vars, on a
@@ -154,56 +209,75 @@ std::vector<Var<T>> interval_leaves(Tape<T>& tape, std::span<const NamedTensor> 
 /// certify_gradients below. See the top of this file.
 template <class Graph>
 CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves, const CertifyOptions& options) {
-    const auto start = std::chrono::steady_clock::now();
-    std::size_t elements = 0;
-    for (const NamedTensor& leaf : leaves) elements += leaf.value.size();
-    IntervalState& state = interval_state();
-    const std::lock_guard turn(state.run);
-    CertificationReport report;
+    const std::lock_guard turn(interval_state().run);
     // (1) The VJPs, in intervals.
     clear_interval_ambiguities();
     Tape<Interval> reverse;
-    const std::vector<Var<Interval>> vars = interval_leaves(reverse, leaves, 0);
+    const std::vector<Var<Interval>> vars =
+        interval_leaves(reverse, leaves, [](std::size_t, double x) { return Interval(x); });
     const Var<Interval> J = graph(std::span<const Var<Interval>>(vars));
-    if (J.shape().size() != 1) {
-        throw usage_error(fmt::format("certify_gradients: J must have one element, it has shape {}", J.shape().to_string()));
-    }
+    require_one_element(J, "certify_gradients");
     reverse.backward(J);
-    const IntervalAmbiguityLog reverse_log = interval_ambiguities();
-    const std::string reverse_kink =
-        reverse_log.count == 0 ? std::string() : describe_ambiguity(reverse_log, reverse, "backward pass");
+    const std::string reverse_kink = kink_of(reverse, "backward pass");
+    std::vector<Tensor<Interval>> claimed;
+    for (const Var<Interval>& v : vars) claimed.push_back(v.grad());
     // (2) Each element's derivative, one tangent at a time.
-    std::size_t flat = 0;
+    const auto derivative = [&](std::size_t flat, const std::string& leaf, std::size_t k) {
+        Tape<Dual<Interval>> forward;
+        const std::vector<Var<Dual<Interval>>> duals = interval_leaves(
+            forward, leaves,
+            [flat](std::size_t at, double x) { return Dual<Interval>(Interval(x), Interval(at == flat ? 1 : 0)); });
+        const Var<Dual<Interval>> J_dual = graph(std::span<const Var<Dual<Interval>>>(duals));
+        return Enclosure{J_dual.value()[0].tangent(), kink_of(forward, fmt::format("forward pass of {}[{}]", leaf, k))};
+    };
+    return judge_every_element(leaves, claimed, reverse_kink, derivative, "certification", options);
+}
+
+/// Certifies H·v of `graph` (as for certify above) along `direction` (one tensor per leaf): the
+/// work of certify_hvp below. See there.
+template <class Graph>
+CertificationReport certify_hvp(Graph&& graph, std::span<const NamedTensor> leaves,
+                                std::span<const Tensor<double>> direction, const CertifyOptions& options) {
+    std::vector<double> v;  // the direction's elements, flat, as the leaves count them
     for (std::size_t l = 0; l < leaves.size(); ++l) {
-        const Tensor<Interval>& gradient = vars[l].grad();
-        for (std::size_t k = 0; k < leaves[l].value.size(); ++k, ++flat) {
-            clear_interval_ambiguities();
-            Tape<Dual<Interval>> forward;
-            const std::vector<Var<Dual<Interval>>> duals = interval_leaves(forward, leaves, flat);
-            const Var<Dual<Interval>> J_dual = graph(std::span<const Var<Dual<Interval>>>(duals));
-            const IntervalAmbiguityLog log = interval_ambiguities();
-            CertifiedDerivative d;
-            d.leaf = leaves[l].name;
-            d.index = k;
-            d.derivative = J_dual.value()[0].tangent();
-            d.vjp = gradient[k];
-            if (log.count > 0 || !reverse_kink.empty()) {
-                d.verdict = Certified::undecided;
-                d.kink = log.count > 0
-                             ? describe_ambiguity(log, forward, fmt::format("forward pass of {}[{}]", d.leaf, k))
-                             : reverse_kink;
-            } else {
-                judge(d);
-            }
-            report.derivatives.push_back(std::move(d));
-            if (options.progress) {
-                const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-                options.progress(CheckProgress{"certification", flat + 1, elements, elements, seconds.count()});
-            }
+        if (!(direction[l].shape() == leaves[l].value.shape())) {
+            throw shape_error(
+                fmt::format("certify_hvp: the direction for leaf {} ({}) has shape {}, the leaf has shape {}", l,
+                            leaves[l].name, direction[l].shape().to_string(), leaves[l].value.shape().to_string()));
         }
+        v.insert(v.end(), direction[l].data().begin(), direction[l].data().end());
     }
-    count_verdicts(report);
-    return report;
+    const std::lock_guard turn(interval_state().run);
+    // (1) H·v as the library computes it, forward over reverse: the leaves' tangents are v, the
+    // reverse sweep runs the VJPs on duals, and each gradient's tangent is (H·v) there.
+    clear_interval_ambiguities();
+    Tape<Dual<Interval>> reverse;
+    const std::vector<Var<Dual<Interval>>> vars = interval_leaves(
+        reverse, leaves, [&v](std::size_t at, double x) { return Dual<Interval>(Interval(x), Interval(v[at])); });
+    const Var<Dual<Interval>> J = graph(std::span<const Var<Dual<Interval>>>(vars));
+    require_one_element(J, "certify_hvp");
+    reverse.backward(J);
+    const std::string reverse_kink = kink_of(reverse, "forward-over-reverse pass");
+    std::vector<Tensor<Interval>> claimed;
+    for (const Var<Dual<Interval>>& x : vars) {
+        Tensor<Interval> Hv(x.shape());
+        for (std::size_t k = 0; k < Hv.size(); ++k) Hv[k] = x.grad()[k].tangent();
+        claimed.push_back(std::move(Hv));
+    }
+    // (2) Each element's (H·v)_i = ∂²J/∂x_i∂v by forward over forward, from the forward code alone:
+    // the inner tangent is the unit at i, the outer one v.
+    using Second = Dual<Dual<Interval>>;
+    const auto derivative = [&](std::size_t flat, const std::string& leaf, std::size_t k) {
+        Tape<Second> forward;
+        const std::vector<Var<Second>> duals = interval_leaves(forward, leaves, [&v, flat](std::size_t at, double x) {
+            return Second(Dual<Interval>(Interval(x), Interval(at == flat ? 1 : 0)),
+                          Dual<Interval>(Interval(v[at]), Interval(0)));
+        });
+        const Var<Second> J_second = graph(std::span<const Var<Second>>(duals));
+        return Enclosure{J_second.value()[0].tangent().tangent(),
+                         kink_of(forward, fmt::format("second-order forward pass of {}[{}]", leaf, k))};
+    };
+    return judge_every_element(leaves, claimed, reverse_kink, derivative, "HVP certification", options);
 }
 
 }  // namespace detail
@@ -227,6 +301,34 @@ template <std::size_t N, class Graph>
 CertificationReport certify_gradients(Graph&& graph, const NamedTensor (&leaves)[N],
                                       const CertifyOptions& options = {}) {
     return certify_gradients(graph, std::to_array(leaves), options);
+}
+
+/// Certifies the Hessian-vector product of `graph` (a generic lambda from an array of N Vars to a
+/// one-element J) at `leaves` along `v` (one tensor per leaf, the leaves' shapes), element by
+/// element: H·v as the library computes it, forward over reverse (the VJPs run on duals,
+/// autodiff/forward_mode.hpp's hvp), enclosed in intervals, against ∂²J/∂x_i∂v from the forward code
+/// alone, forward over forward on a Tape<Dual<Dual<Interval>>> (one run per element). The report
+/// reads as certify_gradients' (`vjp` is the forward-over-reverse enclosure, `derivative` the
+/// forward-over-forward one); a kink met in either run leaves the element undecided. A VJP right at
+/// first order but whose tangent is wrong (a saved value not differentiated through) is reported
+/// wrong here while certify_gradients certifies it.
+template <std::size_t N, class Graph>
+CertificationReport certify_hvp(Graph&& graph, const std::array<NamedTensor, N>& leaves,
+                                const std::array<Tensor<double>, N>& v, const CertifyOptions& options = {}) {
+    return detail::certify_hvp(
+        [&graph]<Scalar T>(std::span<const Var<T>> vars) {
+            std::array<Var<T>, N> in;
+            std::copy(vars.begin(), vars.end(), in.begin());
+            return graph(in);
+        },
+        std::span<const NamedTensor>(leaves), std::span<const Tensor<double>>(v), options);
+}
+
+/// The same with the leaves and the direction written in place.
+template <std::size_t N, class Graph>
+CertificationReport certify_hvp(Graph&& graph, const NamedTensor (&leaves)[N], const Tensor<double> (&v)[N],
+                                const CertifyOptions& options = {}) {
+    return certify_hvp(graph, std::to_array(leaves), std::to_array(v), options);
 }
 
 /// Certifies every gradient element of a graph that ordinary code recorded on a Tape<double> or

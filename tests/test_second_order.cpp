@@ -338,6 +338,31 @@ BOOST_AUTO_TEST_CASE(jvp_returns_the_forward_value_and_hvp_the_gradient) {
                    .find("hvp: the graph must return a scalar J") != std::string::npos);
 }
 
+// A Dual over a Dual (a Scalar, autodiff/scalar.hpp) differentiates twice in forward mode: with the
+// inner tangent the unit at i and the outer one v, J's tangent's tangent is (H·v)_i, which the
+// library's forward over reverse must give too, for every element. Leaf elements of exactly 0 with
+// v's 0 there make first derivatives along v exactly 0 whose own derivatives are not: a dual is a
+// strong zero only when both its parts are (autodiff/dual.hpp), or those terms would be dropped.
+BOOST_AUTO_TEST_CASE(a_dual_over_a_dual_gives_what_forward_over_reverse_gives) {
+    using DD = Dual<Dual<double>>;
+    std::mt19937_64 rng(11);
+    Tensor<double> x = random_tensor(Shape{2, 3}, rng), v = random_tensor(Shape{2, 3}, rng);
+    x[0] = 0;
+    v[0] = 0;
+    const auto graph = [](auto in) {
+        return sum(mul(softmax(matmul(in[0], transpose(in[0]))), tanh(matmul(in[0], transpose(in[0])))));
+    };
+    const HvpResult<double, 1> reference = hvp(graph, std::array{x}, std::array{v});
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        Tape<DD> tape;
+        Tensor<DD> seeded(x.shape());
+        for (std::size_t k = 0; k < x.size(); ++k) seeded[k] = DD(D(x[k], k == i ? 1 : 0), D(v[k], 0));
+        const Var<DD> J = graph(std::array{tape.leaf(seeded, "x")});
+        BOOST_TEST(J.value()[0].value().tangent() == reference.gradient[0][i], boost::test_tools::tolerance(1e-13));
+        BOOST_TEST(J.value()[0].tangent().tangent() == reference.Hv[0][i], boost::test_tools::tolerance(1e-12));
+    }
+}
+
 // Fault control: gradients exact, second derivative wrong. The gradient checker passes it; the
 // HVP check names the leaf and index.
 BOOST_AUTO_TEST_CASE(a_saved_value_not_differentiated_through_is_rejected_by_the_hvp_check) {

@@ -1,7 +1,8 @@
 // The op certified (check/certify.hpp; built where tapegrad::certify is, MPFI installed): intervals
 // that provably hold each exact derivative and each VJP's exact value, for the graph given as a
 // generic lambda and for a tape recorded by ordinary code; and a fault control off by a relative
-// 1e-30 in one element, which the 50-digit check passes and certification proves wrong.
+// 1e-30 in one element, which the 50-digit check passes and certification proves wrong; and its
+// Hessian-vector product certified (certify_hvp).
 #define BOOST_TEST_MODULE softplus_certified
 #include <tapegrad_testing.hpp>
 
@@ -74,4 +75,15 @@ BOOST_AUTO_TEST_CASE(a_vjp_off_by_1e_30_passes_the_check_and_is_proven_wrong) {
     BOOST_TEST(report.wrong > 0u, report.summary());
     BOOST_TEST(!report.passed());
     BOOST_TEST(report.certified + report.wrong == X.size() + W.size(), report.summary());
+}
+
+// Second order: the op's VJP, run on duals, differentiated along a direction v (H·v, forward over
+// reverse) and proven against the second derivatives of its forward code (forward over forward).
+BOOST_AUTO_TEST_CASE(softplus_s_hessian_vector_product_is_certified) {
+    std::mt19937_64 rng(7);
+    const Tensor<double> X = testing::random_tensor(Shape{4, 3}, rng), W = testing::random_tensor(Shape{3, 2}, rng);
+    const Tensor<double> v_X = testing::random_tensor(Shape{4, 3}, rng), v_W = testing::random_tensor(Shape{3, 2}, rng);
+    const CertificationReport report = certify_hvp(layer, {{"X", X}, {"W", W}}, {v_X, v_W});
+    BOOST_TEST(report.certified == X.size() + W.size(), report.summary());
+    BOOST_TEST(proven_within_1e_40(report), report.summary());
 }
