@@ -23,6 +23,12 @@
 ///     forward pass of that element or in the backward pass: a branch at a point where the function
 ///     may have no derivative (relu or abs at 0, a max with a tie, a clamp at its bound). It is named
 ///     (node, op, forward or VJP, the two intervals) and neither certified nor called wrong.
+/// (3) Branch by branch, as the checker attributes a summed gradient: for a leaf that feeds several
+/// ops (X feeding Q, K and V), each consumer's VJP contribution (the backward run logs them) against
+/// ∂J/∂x along that edge alone, the forward code recomputed downstream of the leaf with the tangent
+/// given to that edge only (derivative_along_edge below); the same verdicts, in `branches`, each
+/// element naming its consumer ("matmul -> node 5 (input 0)"). Errors that cancel in the sum are
+/// found there.
 ///     Only comparisons inside the tape's ops count: the public functions' argument checks (a
 ///     dropout mask of 0 and 1) choose no branch; a graph that branches on values between ops, in
 ///     its own code, is certified for the branch it took.
@@ -67,20 +73,30 @@ struct CertifiedDerivative {
     Certified verdict = Certified::undecided;
     double bound = 0;  ///< certified: |VJP − derivative| ≤ bound; wrong: they differ by at least bound (rounded outward)
     std::string kink;  ///< undecided: the first ambiguous comparison, named
+    /// For one branch of a leaf that feeds several ops: the consumer, "matmul -> node 5 (input 0)"
+    /// (as the checker names it); empty for the leaf's whole gradient.
+    std::string branch;
 };
 
 struct CertificationReport {
-    std::vector<CertifiedDerivative> derivatives;
-    std::size_t certified = 0, wrong = 0, undecided = 0;
-    double worst_bound = 0;  ///< the largest bound among the certified elements
-    /// No element wrong (undecided elements, at kinks, neither pass nor fail, as the checker's kinks).
-    bool passed() const { return wrong == 0; }
+    std::vector<CertifiedDerivative> derivatives;  ///< every leaf element's whole gradient
+    /// certify_gradients: each branch of a leaf that feeds several ops (X feeding Q, K and V),
+    /// element by element: the consumer's VJP contribution against ∂J/∂x along that edge alone.
+    std::vector<CertifiedDerivative> branches;
+    std::size_t certified = 0, wrong = 0, undecided = 0;  ///< among `derivatives`
+    std::size_t branches_certified = 0, branches_wrong = 0, branches_undecided = 0;
+    double worst_bound = 0;  ///< the largest bound among the certified elements, branches included
+    /// No element wrong, whole or branch (undecided elements, at kinks, neither pass nor fail, as
+    /// the checker's kinks).
+    bool passed() const { return wrong == 0 && branches_wrong == 0; }
     std::string summary() const;
 };
 
 /// How a certification runs: `progress`, when set, is called after each leaf element's forward
 /// pass (stage "certification"; `done` of `all` elements, `mine` = `all`, `seconds` since the start),
-/// the checker's CheckProgress, so a tool prints both the same way.
+/// then after each branch element's (stage "branch certification", counted apart), or each H·v
+/// element's (stage "HVP certification"): the checker's CheckProgress, so a tool prints both the
+/// same way.
 struct CertifyOptions {
     std::function<void(const CheckProgress&)> progress;
 };
@@ -119,14 +135,19 @@ inline void judge(CertifiedDerivative& d) {
 
 /// The report's counts and worst bound, from its elements' verdicts.
 inline void count_verdicts(CertificationReport& report) {
-    for (const CertifiedDerivative& d : report.derivatives) {
-        if (d.verdict == Certified::certified) {
-            ++report.certified;
-            report.worst_bound = std::max(report.worst_bound, d.bound);
+    const auto count = [&report](const std::vector<CertifiedDerivative>& elements, std::size_t& certified,
+                                 std::size_t& wrong, std::size_t& undecided) {
+        for (const CertifiedDerivative& d : elements) {
+            if (d.verdict == Certified::certified) {
+                ++certified;
+                report.worst_bound = std::max(report.worst_bound, d.bound);
+            }
+            wrong += d.verdict == Certified::wrong;
+            undecided += d.verdict == Certified::undecided;
         }
-        report.wrong += d.verdict == Certified::wrong;
-        report.undecided += d.verdict == Certified::undecided;
-    }
+    };
+    count(report.derivatives, report.certified, report.wrong, report.undecided);
+    count(report.branches, report.branches_certified, report.branches_wrong, report.branches_undecided);
 }
 
 /// The leaves on `tape`, each element made by `element(flat, x)` from its double x and its flat
@@ -166,42 +187,165 @@ std::string kink_of(const Tape<T>& tape, std::string_view pass) {
     return log.count == 0 ? std::string() : describe_ambiguity(log, tape, pass);
 }
 
+/// Progress, one call per element judged (whole or branch), as CertifyOptions says.
+struct ProgressCount {
+    const CertifyOptions& options;
+    std::string_view stage;
+    std::size_t all = 0, done = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    void step() {
+        ++done;
+        if (!options.progress) return;
+        const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+        options.progress(CheckProgress{stage, done, all, all, seconds.count()});
+    }
+};
+
+/// One element's verdict from its two enclosures, or undecided at the first kink of either run.
+inline CertifiedDerivative element_verdict(std::string leaf, std::size_t k, Enclosure derivative,
+                                           const Interval& claimed, const std::string& claimed_kink,
+                                           std::string branch = {}) {
+    CertifiedDerivative d;
+    d.leaf = std::move(leaf);
+    d.index = k;
+    d.branch = std::move(branch);
+    d.derivative = std::move(derivative.value);
+    d.vjp = claimed;
+    if (!derivative.kink.empty() || !claimed_kink.empty()) {
+        d.verdict = Certified::undecided;
+        d.kink = !derivative.kink.empty() ? std::move(derivative.kink) : claimed_kink;
+    } else {
+        judge(d);
+    }
+    return d;
+}
+
 /// The verdict of every element: `claimed[l][k]` encloses what the library's reverse path gives
 /// (`claimed_kink` from its run), `exact(flat, leaf, k)` the exact derivative by forward mode, one
-/// run per element. Reports progress as `stage`.
+/// run per element.
 template <class Exact>
-CertificationReport judge_every_element(std::span<const NamedTensor> leaves,
-                                        const std::vector<Tensor<Interval>>& claimed, const std::string& claimed_kink,
-                                        Exact&& exact, std::string_view stage, const CertifyOptions& options) {
-    const auto start = std::chrono::steady_clock::now();
-    std::size_t elements = 0;
-    for (const NamedTensor& leaf : leaves) elements += leaf.value.size();
-    CertificationReport report;
+void judge_every_element(CertificationReport& report, std::span<const NamedTensor> leaves,
+                         const std::vector<Tensor<Interval>>& claimed, const std::string& claimed_kink, Exact&& exact,
+                         ProgressCount& progress) {
     std::size_t flat = 0;
     for (std::size_t l = 0; l < leaves.size(); ++l) {
         for (std::size_t k = 0; k < leaves[l].value.size(); ++k, ++flat) {
             clear_interval_ambiguities();
             Enclosure derivative = exact(flat, leaves[l].name, k);
-            CertifiedDerivative d;
-            d.leaf = leaves[l].name;
-            d.index = k;
-            d.derivative = std::move(derivative.value);
-            d.vjp = claimed[l][k];
-            if (!derivative.kink.empty() || !claimed_kink.empty()) {
-                d.verdict = Certified::undecided;
-                d.kink = !derivative.kink.empty() ? std::move(derivative.kink) : claimed_kink;
-            } else {
-                judge(d);
-            }
-            report.derivatives.push_back(std::move(d));
-            if (options.progress) {
-                const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-                options.progress(CheckProgress{stage, flat + 1, elements, elements, seconds.count()});
-            }
+            report.derivatives.push_back(
+                element_verdict(leaves[l].name, k, std::move(derivative), claimed[l][k], claimed_kink));
+            progress.step();
         }
     }
-    count_verdicts(report);
-    return report;
+}
+
+/// The number of elements of `leaves`, all leaves together.
+inline std::size_t element_count(std::span<const NamedTensor> leaves) {
+    std::size_t elements = 0;
+    for (const NamedTensor& leaf : leaves) elements += leaf.value.size();
+    return elements;
+}
+
+/// One branch of a leaf that feeds several ops: the edge into its consumer, named as the
+/// checker names it, and what the VJPs gave along it (the consumer's contribution, enclosed).
+struct BranchToCertify {
+    std::size_t leaf = 0;
+    typename Tape<Interval>::Edge edge{};
+    std::string consumer;
+    Tensor<Interval> claimed;
+};
+
+/// The branches of every leaf with two consumers or more, from a reverse tape that logged them.
+inline std::vector<BranchToCertify> branches_of(const Tape<Interval>& reverse, std::span<const Var<Interval>> leaves) {
+    std::vector<BranchToCertify> branches;
+    for (std::size_t l = 0; l < leaves.size(); ++l) {
+        const auto edges = reverse.consumers(leaves[l]);
+        if (edges.size() < 2) continue;
+        for (const auto& edge : edges) {
+            const NodeInfo consumer = reverse.info(edge.consumer);
+            BranchToCertify b{l, edge,
+                              fmt::format("{} -> {} (input {})", consumer.op,
+                                          consumer.label.empty() ? fmt::format("node {}", edge.consumer)
+                                                                 : std::string(consumer.label),
+                                          edge.slot),
+                              Tensor<Interval>(leaves[l].shape())};
+            for (const Branch<Interval>& flow : reverse.branches()) {
+                if (flow.consumer == edge.consumer && flow.slot == edge.slot && flow.target == leaves[l].index()) {
+                    for (std::size_t k = 0; k < b.claimed.size(); ++k) b.claimed[k] += flow.contribution[k];
+                }
+            }
+            branches.push_back(std::move(b));
+        }
+    }
+    return branches;
+}
+
+/// ∂J/∂x_k along one edge alone, forward mode: the nodes of `tape` (the graph recorded in duals
+/// with every tangent 0) downstream of `leaf` computed again with `seeded` (the leaf's value with
+/// the tangent 1 at k) as the input of that edge only, every other use of the leaf seeing it
+/// unseeded; J's tangent. Each op's forward runs inside its node's context, so a kink is named.
+inline Enclosure derivative_along_edge(const Tape<Dual<Interval>>& tape, std::uint32_t leaf,
+                                       typename Tape<Interval>::Edge edge, const Tensor<Dual<Interval>>& seeded,
+                                       std::uint32_t J, std::string_view pass) {
+    using D = Dual<Interval>;
+    std::vector<Tensor<D>> values(J + 1);
+    std::vector<char> changed(J + 1, 0);
+    Tensor<D> saved;
+    for (std::uint32_t i = leaf + 1; i <= J; ++i) {
+        const auto node = tape.recorded(i);
+        if (node.kind == nullptr) continue;
+        std::array<const Tensor<D>*, max_arity> in{};
+        bool touched = false;
+        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) {
+            const std::uint32_t source = node.inputs[slot];
+            const bool seeded_here = source == leaf && i == edge.consumer && slot == edge.slot;
+            in[slot] = seeded_here ? &seeded : changed[source] ? &values[source] : &tape.recorded(source).value;
+            touched = touched || seeded_here || changed[source];
+        }
+        if (!touched) continue;
+        changed[i] = 1;
+        struct InNode {
+            explicit InNode(std::uint32_t node) { enter_node<D>(node, false); }
+            ~InNode() { leave_node<D>(); }
+        } const context(i);
+        node.kind->forward(node.settings, Inputs<D>(in.data(), node.inputs.size()), values[i], saved);
+    }
+    return Enclosure{changed[J] ? values[J][0].tangent() : Interval(0), kink_of(tape, pass)};
+}
+
+/// The verdicts of `branches` (see BranchToCertify), each element by derivative_along_edge on the
+/// graph recorded once on a Tape<Dual<Interval>> with every tangent 0.
+template <class Graph>
+void certify_branches(CertificationReport& report, Graph& graph, std::span<const NamedTensor> leaves,
+                      const std::vector<BranchToCertify>& branches, std::size_t reverse_nodes,
+                      const std::string& reverse_kink, const CertifyOptions& options) {
+    ProgressCount progress{options, "branch certification", 0};
+    for (const BranchToCertify& b : branches) progress.all += b.claimed.size();
+    Tape<Dual<Interval>> recorded;
+    const std::vector<Var<Dual<Interval>>> duals = interval_leaves(
+        recorded, leaves, [](std::size_t, double x) { return Dual<Interval>(Interval(x), Interval(0)); });
+    const Var<Dual<Interval>> J = graph(std::span<const Var<Dual<Interval>>>(duals));
+    if (recorded.size() != reverse_nodes) {  // the edges are the interval tape's node numbers
+        throw usage_error(
+            fmt::format("certify_gradients: the graph recorded {} nodes in intervals and {} in duals; "
+                        "it must record the same nodes whatever its scalar type",
+                        reverse_nodes, recorded.size()));
+    }
+    for (const BranchToCertify& b : branches) {
+        const NamedTensor& leaf = leaves[b.leaf];
+        Tensor<Dual<Interval>> seeded = duals[b.leaf].value();
+        for (std::size_t k = 0; k < seeded.size(); ++k) {
+            clear_interval_ambiguities();
+            seeded[k] = Dual<Interval>(seeded[k].value(), Interval(1));
+            Enclosure derivative =
+                derivative_along_edge(recorded, duals[b.leaf].index(), b.edge, seeded, J.index(),
+                                      fmt::format("forward pass of {}[{}] via {}", leaf.name, k, b.consumer));
+            seeded[k] = Dual<Interval>(seeded[k].value(), Interval(0));
+            report.branches.push_back(
+                element_verdict(leaf.name, k, std::move(derivative), b.claimed[k], reverse_kink, b.consumer));
+            progress.step();
+        }
+    }
 }
 
 /// Certifies every gradient element of `graph`, a callable from the leaves (a span of Vars, on a
@@ -210,9 +354,10 @@ CertificationReport judge_every_element(std::span<const NamedTensor> leaves,
 template <class Graph>
 CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves, const CertifyOptions& options) {
     const std::lock_guard turn(interval_state().run);
-    // (1) The VJPs, in intervals.
+    // (1) The VJPs, in intervals, each branch's contribution kept.
     clear_interval_ambiguities();
     Tape<Interval> reverse;
+    reverse.log_branches(true);
     const std::vector<Var<Interval>> vars =
         interval_leaves(reverse, leaves, [](std::size_t, double x) { return Interval(x); });
     const Var<Interval> J = graph(std::span<const Var<Interval>>(vars));
@@ -221,6 +366,9 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves, 
     const std::string reverse_kink = kink_of(reverse, "backward pass");
     std::vector<Tensor<Interval>> claimed;
     for (const Var<Interval>& v : vars) claimed.push_back(v.grad());
+    const std::vector<BranchToCertify> branches = branches_of(reverse, vars);
+    ProgressCount progress{options, "certification", element_count(leaves)};
+    CertificationReport report;
     // (2) Each element's derivative, one tangent at a time.
     const auto derivative = [&](std::size_t flat, const std::string& leaf, std::size_t k) {
         Tape<Dual<Interval>> forward;
@@ -230,7 +378,11 @@ CertificationReport certify(Graph&& graph, std::span<const NamedTensor> leaves, 
         const Var<Dual<Interval>> J_dual = graph(std::span<const Var<Dual<Interval>>>(duals));
         return Enclosure{J_dual.value()[0].tangent(), kink_of(forward, fmt::format("forward pass of {}[{}]", leaf, k))};
     };
-    return judge_every_element(leaves, claimed, reverse_kink, derivative, "certification", options);
+    judge_every_element(report, leaves, claimed, reverse_kink, derivative, progress);
+    // (3) Each branch's elements, along its edge alone, on the graph recorded once in duals.
+    if (!branches.empty()) certify_branches(report, graph, leaves, branches, reverse.size(), reverse_kink, options);
+    count_verdicts(report);
+    return report;
 }
 
 /// Certifies H·v of `graph` (as for certify above) along `direction` (one tensor per leaf): the
@@ -277,7 +429,11 @@ CertificationReport certify_hvp(Graph&& graph, std::span<const NamedTensor> leav
         return Enclosure{J_second.value()[0].tangent().tangent(),
                          kink_of(forward, fmt::format("second-order forward pass of {}[{}]", leaf, k))};
     };
-    return judge_every_element(leaves, claimed, reverse_kink, derivative, "HVP certification", options);
+    ProgressCount progress{options, "HVP certification", element_count(leaves)};
+    CertificationReport report;
+    judge_every_element(report, leaves, claimed, reverse_kink, derivative, progress);
+    count_verdicts(report);
+    return report;
 }
 
 }  // namespace detail
@@ -348,18 +504,28 @@ inline std::string CertificationReport::summary() const {
     if (certified > 0) text += fmt::format(": |VJP - derivative| <= {:.2g}, proven", worst_bound);
     if (wrong > 0) text += fmt::format("; WRONG {}", wrong);
     if (undecided > 0) text += fmt::format("; undecided at a kink {}", undecided);
-    for (const CertifiedDerivative& d : derivatives) {
-        if (d.verdict == Certified::wrong) {
-            text += fmt::format("\n  WRONG {}[{}]: derivative in {}, VJP in {}: apart by at least {:.3g}", d.leaf, d.index,
-                                d.derivative.text(), d.vjp.text(), d.bound);
-            break;
-        }
+    if (!branches.empty()) {
+        text += fmt::format("; branches: certified {} of {}", branches_certified, branches.size());
+        if (branches_wrong > 0) text += fmt::format(", WRONG {}", branches_wrong);
+        if (branches_undecided > 0) text += fmt::format(", undecided at a kink {}", branches_undecided);
     }
-    for (const CertifiedDerivative& d : derivatives) {
-        if (d.verdict == Certified::undecided) {
-            text += fmt::format("\n  undecided {}[{}]: {}", d.leaf, d.index, d.kink);
-            break;
-        }
+    // The first wrong and the first undecided element, whole gradients before branches.
+    const auto name = [](const CertifiedDerivative& d) {
+        return d.branch.empty() ? fmt::format("{}[{}]", d.leaf, d.index)
+                                : fmt::format("{}[{}] via {}", d.leaf, d.index, d.branch);
+    };
+    const auto first = [&](Certified verdict) -> const CertifiedDerivative* {
+        for (const std::vector<CertifiedDerivative>* list : {&derivatives, &branches})
+            for (const CertifiedDerivative& d : *list)
+                if (d.verdict == verdict) return &d;
+        return nullptr;
+    };
+    if (const CertifiedDerivative* d = first(Certified::wrong)) {
+        text += fmt::format("\n  WRONG {}: derivative in {}, VJP in {}: apart by at least {:.3g}", name(*d),
+                            d->derivative.text(), d->vjp.text(), d->bound);
+    }
+    if (const CertifiedDerivative* d = first(Certified::undecided)) {
+        text += fmt::format("\n  undecided {}: {}", name(*d), d->kink);
     }
     return text;
 }

@@ -3,8 +3,8 @@ print the same labels in the same order and the same values to 1e-12; the finite
 error lines differ by design (double differences there, 50-digit differences here), so for those
 the walkthrough's value must be at most 1e-20. The walkthrough's line of its own, the
 certification of the shared-X gradient (printed when it is built with certified gradients), is
-taken out before the comparison and held on its own: every derivative certified, the relative
-bound at most 1e-40, both times printed.
+taken out before the comparison and held on its own: every derivative and every branch of X
+certified, the relative bound at most 1e-40, both times printed.
 
 usage: compare_walkthrough.py SEED_WALKTHROUGH_BINARY SPEC_REFERENCE_PY [--certified]
 (--certified: the walkthrough was built with certified gradients, so its line must be there)
@@ -16,24 +16,28 @@ import sys
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 LABEL = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 FD_LABELS = {"QKV_finite_difference_max_error", "shared_X_finite_difference_max_error"}
-CERTIFIED = re.compile(r"^shared_X_certified (\d+) of (\d+), relative_bound (\S+), certify_ms (\S+), "
-                       r"finite_differences_ms (\S+)$")
+CERTIFIED = re.compile(r"^shared_X_certified (\d+) of (\d+), branches_certified (\d+) of (\d+), relative_bound (\S+), "
+                       r"certify_ms (\S+), finite_differences_ms (\S+)$")
 
 
 def check_certified(line):
     match = CERTIFIED.match(line)
     if not match:
         sys.exit(f"malformed certification line: {line}")
-    certified, total, bound = int(match[1]), int(match[2]), float(match[3])
+    certified, total, bound = int(match[1]), int(match[2]), float(match[5])
     if total != 16 or certified != total or not bound <= 1e-40:
         sys.exit(f"the shared-X gradient is not certified to 1e-40 relative: {line}")
+    # X (2x2) feeds Q, K and V: three branches of four elements, each certified on its own.
+    branches_certified, branches = int(match[3]), int(match[4])
+    if branches != 12 or branches_certified != branches:
+        sys.exit(f"not every branch of X certified: {line}")
     # A bound of exactly 0 would claim the enclosures are points: the graph's softmax and 1/sqrt(2)
     # are irrational, so 50-digit intervals around them have width.
     if not bound > 0:
         sys.exit(f"a certified bound of 0 is not what 50-digit intervals give here: {line}")
     # Both times in milliseconds: 16 elements checked or certified at 50 digits take far more than
     # a microsecond (one 50-digit operation alone takes tens of nanoseconds).
-    if not all(float(ms) >= 1e-3 for ms in (match[4], match[5])):
+    if not all(float(ms) >= 1e-3 for ms in (match[6], match[7])):
         sys.exit(f"a time below a microsecond is not in milliseconds: {line}")
 
 

@@ -103,6 +103,25 @@ struct TanhWithWrongSavedTangent : Tanh {
     }
 };
 
+// tanh's VJP 1e-3 too high and sigmoid's 1e-3 too low: wrong branches whose errors cancel when
+// one leaf feeds both and J adds them.
+struct TanhVjpShifted : Tanh {
+    static constexpr std::string_view name = "tanh with its VJP 1e-3 high";
+    template <Scalar T>
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& dA) {
+        Tanh::vjp(s, at, which, dA);
+        for (T& x : dA.data()) x = x + T(1e-3);
+    }
+};
+struct SigmoidVjpShifted : Sigmoid {
+    static constexpr std::string_view name = "sigmoid with its VJP 1e-3 low";
+    template <Scalar T>
+    static void vjp(const Settings& s, const VjpArgs<T>& at, std::size_t which, Tensor<T>& dA) {
+        Sigmoid::vjp(s, at, which, dA);
+        for (T& x : dA.data()) x = x - T(1e-3);
+    }
+};
+
 template <class Op, class V>
 V record_unary(const V& A) {
     return A.tape().template record<Op>({A});
@@ -131,24 +150,32 @@ double worst_relative_bound(const CertificationReport& report) {
     return worst;
 }
 
-// The report's counts and worst bound are those of its elements' verdicts, and each certified
-// element's bound covers the hull of its two enclosures (what "|VJP − derivative| ≤ bound" rests on).
+// The report's counts and worst bound are those of its elements' verdicts, whole and branch, and
+// each certified element's bound covers the hull of its two enclosures (what "|VJP − derivative| ≤
+// bound" rests on); a branch element names its consumer, a whole one none.
 void expect_consistent(const CertificationReport& report) {
-    std::size_t certified = 0, wrong = 0, undecided = 0;
     double worst = 0;
-    for (const CertifiedDerivative& d : report.derivatives) {
-        certified += d.verdict == Certified::certified;
-        wrong += d.verdict == Certified::wrong;
-        undecided += d.verdict == Certified::undecided;
-        if (d.verdict != Certified::certified) continue;
-        worst = std::max(worst, d.bound);
-        const mpfr50 hi = upper(d.derivative) > upper(d.vjp) ? upper(d.derivative) : upper(d.vjp);
-        const mpfr50 lo = lower(d.derivative) < lower(d.vjp) ? lower(d.derivative) : lower(d.vjp);
-        BOOST_TEST((mpfr50(d.bound) >= mpfr50(hi - lo)), d.leaf << "[" << d.index << "]");
-    }
-    BOOST_TEST(report.certified == certified);
-    BOOST_TEST(report.wrong == wrong);
-    BOOST_TEST(report.undecided == undecided);
+    const auto tally = [&worst](const std::vector<CertifiedDerivative>& elements, bool branches) {
+        std::array<std::size_t, 3> counts{};  // certified, wrong, undecided
+        for (const CertifiedDerivative& d : elements) {
+            BOOST_TEST(d.branch.empty() != branches, d.leaf << "[" << d.index << "] " << d.branch);
+            ++counts[static_cast<std::size_t>(d.verdict)];
+            if (d.verdict != Certified::certified) continue;
+            worst = std::max(worst, d.bound);
+            const mpfr50 hi = upper(d.derivative) > upper(d.vjp) ? upper(d.derivative) : upper(d.vjp);
+            const mpfr50 lo = lower(d.derivative) < lower(d.vjp) ? lower(d.derivative) : lower(d.vjp);
+            BOOST_TEST((mpfr50(d.bound) >= mpfr50(hi - lo)), d.leaf << "[" << d.index << "] " << d.branch);
+        }
+        return counts;
+    };
+    const std::array<std::size_t, 3> whole = tally(report.derivatives, false);
+    BOOST_TEST(report.certified == whole[0]);
+    BOOST_TEST(report.wrong == whole[1]);
+    BOOST_TEST(report.undecided == whole[2]);
+    const std::array<std::size_t, 3> branch = tally(report.branches, true);
+    BOOST_TEST(report.branches_certified == branch[0]);
+    BOOST_TEST(report.branches_wrong == branch[1]);
+    BOOST_TEST(report.branches_undecided == branch[2]);
     BOOST_TEST(report.worst_bound == worst);
 }
 
@@ -435,6 +462,35 @@ BOOST_AUTO_TEST_CASE(attention_with_x_feeding_q_k_and_v_is_certified) {
     const CertificationReport report =
         certify_gradients(attention, {{"X", X}, {"W_Q", Wq}, {"W_K", Wk}, {"W_V", Wv}});
     expect_all_certified(report, X.size() + Wq.size() + Wk.size() + Wv.size());
+    // Each branch on its own: X's three consumers (the three products, X as their input 0), every
+    // element certified, in the order of the consumers and then of the elements; the branches'
+    // VJP enclosures add up to the whole gradient's, and their derivatives to the whole derivative.
+    BOOST_TEST_REQUIRE(report.branches.size() == 3 * X.size());
+    BOOST_TEST(report.branches_certified == report.branches.size(), report.summary());
+    for (std::size_t b = 0; b < 3; ++b) {
+        for (std::size_t k = 0; k < X.size(); ++k) {
+            const CertifiedDerivative& d = report.branches[b * X.size() + k];
+            BOOST_TEST((d.leaf == "X" && d.index == k));
+            BOOST_TEST(d.branch.starts_with("matmul -> node "), d.branch);
+            BOOST_TEST(d.branch.ends_with(" (input 0)"), d.branch);
+            BOOST_TEST(d.branch == report.branches[b * X.size()].branch);
+            BOOST_TEST(relative_bound(d) <= certified_bound);
+        }
+    }
+    BOOST_TEST(report.branches[0].branch != report.branches[X.size()].branch);
+    BOOST_TEST(report.branches[X.size()].branch != report.branches[2 * X.size()].branch);
+    for (std::size_t k = 0; k < X.size(); ++k) {
+        Interval vjp_sum = 0, derivative_sum = 0;
+        for (std::size_t b = 0; b < 3; ++b) {
+            vjp_sum += report.branches[b * X.size() + k].vjp;
+            derivative_sum += report.branches[b * X.size() + k].derivative;
+        }
+        BOOST_TEST(overlap(vjp_sum, report.derivatives[k].vjp), k);
+        BOOST_TEST(overlap(derivative_sum, report.derivatives[k].derivative), k);
+        BOOST_TEST(!overlap(report.branches[k].derivative, report.derivatives[k].derivative),
+                   k);  // a part, not the whole
+    }
+    BOOST_TEST(report.summary().find("; branches: certified 18 of 18") != std::string::npos, report.summary());
     BOOST_TEST_MESSAGE(report.summary());
 }
 
@@ -496,8 +552,43 @@ BOOST_AUTO_TEST_CASE(a_dropped_branch_is_wrong) {
     };
     const CertificationReport report = certify_gradients(broken, {{"X", X}});
     BOOST_TEST(report.wrong == X.size(), report.summary());
+    // X feeds tanh and sigmoid: the branch through tanh is right, the one through sigmoid (whose
+    // upstream gradient the broken mul dropped) wrong at every element, and the report names it.
+    expect_consistent(report);
+    BOOST_TEST_REQUIRE(report.branches.size() == 2 * X.size());
+    for (std::size_t k = 0; k < X.size(); ++k) {
+        BOOST_TEST(
+            (report.branches[k].branch.starts_with("tanh -> ") && report.branches[k].verdict == Certified::certified));
+        BOOST_TEST((report.branches[X.size() + k].branch.starts_with("sigmoid -> ") &&
+                    report.branches[X.size() + k].verdict == Certified::wrong));
+    }
+    BOOST_TEST(report.summary().find("branches: certified 6 of 12, WRONG 6") != std::string::npos, report.summary());
+    BOOST_TEST(report.summary().find("WRONG X[0]: ") != std::string::npos, report.summary());  // the whole one first
     const auto correct = [](auto in) { return sum(mul(tanh(in[0]), sigmoid(in[0]))); };
-    expect_all_certified(certify_gradients(correct, {{"X", X}}), X.size());
+    const CertificationReport right = certify_gradients(correct, {{"X", X}});
+    expect_all_certified(right, X.size());
+    BOOST_TEST(right.branches_certified == 2 * X.size());
+}
+
+// Two branch errors that cancel in the sum: tanh's VJP 1e-3 too high, sigmoid's 1e-3 too low, X
+// feeding both. The whole gradient is right and certified; each branch is wrong, by at least
+// about 1e-3, and named: only the branch verdicts see it (as the checker's branch attribution).
+BOOST_AUTO_TEST_CASE(branch_errors_that_cancel_in_the_sum_are_each_wrong) {
+    static const bool registered = register_siblings<TanhVjpShifted>() && register_siblings<SigmoidVjpShifted>();
+    BOOST_TEST(registered);
+    const auto broken = [](auto in) {
+        const auto high = sum(record_unary<TanhVjpShifted>(in[0]));  // recorded first: node 1
+        return add(high, sum(record_unary<SigmoidVjpShifted>(in[0])));
+    };
+    const CertificationReport report = certify_gradients(broken, {{"X", X}});
+    expect_consistent(report);
+    BOOST_TEST(report.certified == X.size(), report.summary());
+    BOOST_TEST(report.branches_wrong == 2 * X.size(), report.summary());
+    BOOST_TEST(!report.passed());
+    for (const CertifiedDerivative& d : report.branches) BOOST_TEST(d.bound > 0.9e-3, d.branch << " " << d.bound);
+    BOOST_TEST(
+        report.summary().find("WRONG X[0] via tanh with its VJP 1e-3 high -> node 1 (input 0)") != std::string::npos,
+        report.summary());
 }
 
 // 1e-40 from relu's kink the function is smooth (its interval is strictly above 0): the correct VJP
