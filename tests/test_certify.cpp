@@ -623,6 +623,46 @@ BOOST_AUTO_TEST_CASE(kinks_are_undecided_and_named) {
                         "relu");
 }
 
+// A kink met while a branch is recomputed is named by that branch's pass: X (with an exact 0)
+// feeds relu and tanh. Every branch element is undecided; those through relu name their own
+// forward pass along the relu edge (the op runs in its node's context there), those through tanh,
+// whose recomputation never reaches relu, the interval run that met it first (recording and
+// backward: "in the backward pass").
+BOOST_AUTO_TEST_CASE(a_kink_on_one_branch_is_named_by_that_branch) {
+    const Tensor<double> with_zero = matrix({{0.0, -0.7}, {1.1, 0.25}});
+    const auto graph = [](auto in) {
+        const auto through_relu = sum(relu(in[0]));  // recorded first: node 1
+        return add(through_relu, sum(tanh(in[0])));
+    };
+    const CertificationReport report = certify_gradients(graph, {{"X", with_zero}});
+    expect_consistent(report);
+    BOOST_TEST(report.undecided == with_zero.size());
+    BOOST_TEST_REQUIRE(report.branches.size() == 2 * with_zero.size());
+    BOOST_TEST(report.branches_undecided == report.branches.size());
+    for (std::size_t k = 0; k < with_zero.size(); ++k) {
+        const CertifiedDerivative& relu_branch = report.branches[k];
+        const CertifiedDerivative& tanh_branch = report.branches[with_zero.size() + k];
+        BOOST_TEST(relu_branch.kink.find(fmt::format("(relu) in the forward pass of X[{}] via relu -> node 1 (input 0)",
+                                                     k)) != std::string::npos,
+                   relu_branch.kink);
+        BOOST_TEST(tanh_branch.kink.find("node 1 (relu) in the backward pass") != std::string::npos, tanh_branch.kink);
+    }
+}
+
+// Branches are found by node number on two tapes, the interval one and the dual one: a graph that
+// records other nodes in duals than in intervals is refused, naming both counts.
+BOOST_AUTO_TEST_CASE(a_graph_recording_other_nodes_in_duals_is_refused) {
+    const auto graph = [](auto in) {
+        using T = typename std::decay_t<decltype(in[0])>::scalar_type;
+        if constexpr (is_dual_v<T>) (void)tanh(in[0]);  // one node more in duals
+        return sum(mul(in[0], in[0]));
+    };
+    BOOST_CHECK_EXCEPTION(certify_gradients(graph, {{"X", X}}), usage_error, [](const usage_error& e) {
+        return std::string(e.what()).find(
+                   "certify_gradients: the graph recorded 3 nodes in intervals and 4 in duals") != std::string::npos;
+    });
+}
+
 // A branch taken only in the backward pass, at a tie, leaves every element undecided (the VJPs are
 // one enclosure for all of them), naming the op and the backward pass; away from the tie, certified.
 BOOST_AUTO_TEST_CASE(a_kink_met_only_in_the_backward_pass_is_undecided) {
