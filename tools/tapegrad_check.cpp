@@ -65,8 +65,9 @@ shared library whose extern "C" tapegrad_register_ops() registers them (autodiff
 --certify certifies the gradient instead of checking it (check/certify.hpp): the model's tape
 (recorded in double) or the saved tape is re-run in 50-digit intervals, and each gradient element
 is certified (its VJP and its exact derivative provably within the bound printed), WRONG (provably
-apart), or undecided at a kink (the node named). No step, no tolerance; one interval pass per
-element, in one process. Exit status 3 when an element is wrong.
+apart), or undecided at a kink (the node named); so is each branch of a leaf with several consumers.
+No step, no tolerance; one interval pass per element, in one process. Exit status 3 when an element
+is wrong.
 
 Full mode compares every coordinate of every leaf (and every branch of a leaf with several
 consumers); fast mode compares random directions and falls back to full when one disagrees.
