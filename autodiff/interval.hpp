@@ -1,26 +1,27 @@
 /// \file
 /// Interval: a closed interval of reals at 50 digits (MPFI over MPFR, at the precision of
-/// Boost.Multiprecision's mpfi_float_50), the scalar of certified gradients (check/certify.hpp). Every operation returns an interval
-/// that contains the exact real result of the same operation applied to any points of its operands
-/// (outward rounding), so a whole computation run in Interval from point inputs ends in an interval
-/// that provably holds what the same code computes in exact real arithmetic: no step, no tolerance.
+/// Boost.Multiprecision's mpfi_float_50), the scalar of certified gradients (check/certify.hpp).
+/// Every operation returns an interval that contains the exact real result of the same operation
+/// applied to any points of its operands (outward rounding), so a whole computation run in Interval
+/// from point inputs ends in an interval that provably holds what the same code computes in exact
+/// real arithmetic: no step, no tolerance.
 ///
 ///     Interval x = 0.1;                 // the double 0.1, exactly: a point interval
 ///     Interval y = exp(x) / 3;          // contains e^0.1000000000000000055... / 3
 ///     lower(y), upper(y), width(y)      // 50-digit bounds (mp50 is not needed to read them)
 ///
-/// Comparisons. Two intervals compare decidedly when they are disjoint (or the same point); when they
-/// overlap, the exact values they stand for may compare either way, and the comparison is
+/// Comparisons. Two intervals compare decidedly when they are disjoint (or the same point); when
+/// they overlap, the exact values they stand for may compare either way, and the comparison is
 /// *ambiguous*: a branch taken on it (relu at 0, a max with a tie, a clamp at its bound) is a point
 /// where the computed function may have no derivative. Boost's own operators throw interval_error
 /// there from a noexcept function (Boost 1.74: std::terminate, no catch sees it), so Interval
-/// decides its comparisons itself: an ambiguous one is counted and described, with the node the tape
-/// was computing, in the ambiguity log (`interval_ambiguities()`, which the certifier clears and
-/// reads around each run) and answered by comparing the midpoints, so the computation goes on along one branch and the
-/// certifier reports what it touched as undecided instead of certified or wrong.
-/// `exactly_zero(x)` (the strong zero of Dual's products, autodiff/dual.hpp) asks whether x is exactly the
-/// point 0, which is never ambiguous: a tangent that merely contains 0 is multiplied out, which
-/// encloses the same exact product.
+/// decides its comparisons itself: an ambiguous one is counted and described, with the node the
+/// tape was computing, in the ambiguity log (`interval_ambiguities()`, which the certifier clears
+/// and reads around each run) and answered by comparing the midpoints, so the computation goes on
+/// along one branch and the certifier reports what it touched as undecided instead of certified or
+/// wrong. `exactly_zero(x)` (the strong zero of Dual's products, autodiff/dual.hpp) asks whether x
+/// is exactly the point 0, which is never ambiguous: a tangent that merely contains 0 is multiplied
+/// out, which encloses the same exact product.
 /// Speed. Each interval holds its endpoints' digits inside itself (MPFR's custom interface), so making
 /// and copying one allocates nothing; and the transcendental functions remember their last results
 /// on each thread, since a certification computes the same forward values once per element.
@@ -276,8 +277,8 @@ private:
     static constexpr std::size_t limbs_per_endpoint = (bits + GMP_NUMB_BITS - 1) / GMP_NUMB_BITS;
 
     /// The endpoints' significands live in the object (MPFR's custom interface), not on the heap:
-    /// an interval is made and copied with no allocation, which was half of a certification's time
-    /// when each was an MPFI value of its own (two mallocs and two frees). Zeroed, so that a copy
+    /// an interval is made and copied with no allocation, which was a quarter of a certification's
+    /// time (perf, 2026-12-07) when each was an MPFI value of its own (two mallocs, two frees). Zeroed, so that a copy
     /// never reads indeterminate limbs (a zero, infinite or NaN endpoint leaves its limbs unset).
     struct Storage {};
     explicit Interval(Storage) {
