@@ -340,26 +340,36 @@ BOOST_AUTO_TEST_CASE(jvp_returns_the_forward_value_and_hvp_the_gradient) {
 
 // A Dual over a Dual (a Scalar, autodiff/scalar.hpp) differentiates twice in forward mode: with the
 // inner tangent the unit at i and the outer one v, J's tangent's tangent is (H·v)_i, which the
-// library's forward over reverse must give too, for every element. Leaf elements of exactly 0 with
-// v's 0 there make first derivatives along v exactly 0 whose own derivatives are not: a dual is a
-// strong zero only when both its parts are (autodiff/dual.hpp), or those terms would be dropped.
+// library's forward over reverse must give too, for every element of both leaves. Y's element 0
+// and v's there are exactly 0, so the first derivative of X∘Y along v is exactly 0 there while its
+// own derivative with respect to Y's element 0 is v_X's: a dual is a strong zero only when both its
+// parts are (autodiff/dual.hpp), or that term would be dropped (and this test fails).
 BOOST_AUTO_TEST_CASE(a_dual_over_a_dual_gives_what_forward_over_reverse_gives) {
     using DD = Dual<Dual<double>>;
     std::mt19937_64 rng(11);
-    Tensor<double> x = random_tensor(Shape{2, 3}, rng), v = random_tensor(Shape{2, 3}, rng);
-    x[0] = 0;
-    v[0] = 0;
+    std::array<Tensor<double>, 2> at{random_tensor(Shape{2, 3}, rng), random_tensor(Shape{2, 3}, rng)};
+    std::array<Tensor<double>, 2> v{random_tensor(Shape{2, 3}, rng), random_tensor(Shape{2, 3}, rng)};
+    at[1][0] = 0;
+    v[1][0] = 0;
     const auto graph = [](auto in) {
-        return sum(mul(softmax(matmul(in[0], transpose(in[0]))), tanh(matmul(in[0], transpose(in[0])))));
+        return sum(mul(tanh(mul(in[0], in[1])), matmul(softmax(matmul(in[0], transpose(in[1]))), in[1])));
     };
-    const HvpResult<double, 1> reference = hvp(graph, std::array{x}, std::array{v});
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        Tape<DD> tape;
-        Tensor<DD> seeded(x.shape());
-        for (std::size_t k = 0; k < x.size(); ++k) seeded[k] = DD(D(x[k], k == i ? 1 : 0), D(v[k], 0));
-        const Var<DD> J = graph(std::array{tape.leaf(seeded, "x")});
-        BOOST_TEST(J.value()[0].value().tangent() == reference.gradient[0][i], boost::test_tools::tolerance(1e-13));
-        BOOST_TEST(J.value()[0].tangent().tangent() == reference.Hv[0][i], boost::test_tools::tolerance(1e-12));
+    const HvpResult<double, 2> reference = hvp(graph, at, v);
+    for (std::size_t leaf = 0; leaf < 2; ++leaf) {
+        for (std::size_t i = 0; i < at[leaf].size(); ++i) {
+            Tape<DD> tape;
+            std::array<Var<DD>, 2> leaves;
+            for (std::size_t l = 0; l < 2; ++l) {
+                Tensor<DD> seeded(at[l].shape());
+                for (std::size_t k = 0; k < seeded.size(); ++k)
+                    seeded[k] = DD(D(at[l][k], l == leaf && k == i ? 1 : 0), D(v[l][k], 0));
+                leaves[l] = tape.leaf(seeded, l == 0 ? "x" : "y");
+            }
+            const Var<DD> J = graph(leaves);
+            BOOST_TEST(J.value()[0].value().tangent() == reference.gradient[leaf][i],
+                       boost::test_tools::tolerance(1e-13));
+            BOOST_TEST(J.value()[0].tangent().tangent() == reference.Hv[leaf][i], boost::test_tools::tolerance(1e-12));
+        }
     }
 }
 
