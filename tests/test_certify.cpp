@@ -1014,4 +1014,11 @@ BOOST_AUTO_TEST_CASE(progress_counts_every_element_once_in_both_forms) {
     seen.clear();
     (void)certify_hvp(graph, {{"X", X}, {"W", W}}, {v_X, v_W}, options);
     expect_counted(seen, X.size() + W.size(), "HVP certification");
+
+    // X feeding two ops: its elements first, then its two branches' elements, counted apart.
+    seen.clear();
+    (void)certify_gradients([](auto in) { return sum(mul(tanh(in[0]), in[0])); }, {{"X", X}}, options);
+    BOOST_TEST_REQUIRE(seen.size() == 3 * X.size());
+    expect_counted(std::vector(seen.begin(), seen.begin() + X.size()), X.size(), "certification");
+    expect_counted(std::vector(seen.begin() + X.size(), seen.end()), 2 * X.size(), "branch certification");
 }
