@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace tapegrad::kernels {
 
@@ -202,6 +203,19 @@ inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, co
 /// rounds each, at the active CPU level (vectorised; the same bits at every level).
 inline void round_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
     engine_kernels<float>().round_to_bf16(x, n, out);
+}
+
+/// gemm_bf16 of float32 operands: op(A) and op(B) rounded to bfloat16 (round_to_bf16), then
+/// multiplied and summed as gemm_bf16 does. For products whose operands are made tile by tile
+/// (the fused attention's P and dS): the rounded copies are the calling thread's, reused.
+inline void gemm_bf16_of_floats(Form form, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B,
+                                float* C, bool accumulate) {
+    thread_local std::vector<std::uint16_t> a, b;
+    a.resize(m * k);  // op(A) and op(B) hold m·k and k·n elements in every form
+    b.resize(k * n);
+    round_to_bf16(A, m * k, a.data());
+    round_to_bf16(B, k * n, b.data());
+    gemm_bf16(form, m, n, k, a.data(), b.data(), C, accumulate);
 }
 
 }  // namespace tapegrad::kernels

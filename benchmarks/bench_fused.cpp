@@ -6,7 +6,10 @@
 // Prints one line per (T, threads):
 //   fused T=… d=… threads=… cpu=… fused_us=… fused_median_us=… fused_gflops=… composed_us=… libtorch_us=… peak_mib=…
 // (cpu= the kernels' level, autodiff/cpu.hpp; TAPEGRAD_CPU forces one. GFLOP/s counts the fused
-// op's 7 products of T²·d, 2 flops per multiply-add, on the best wall time.)
+// op's 7 products of T²·d, 2 flops per multiply-add, on the best wall time.) Then, for the same
+// (T, threads), the step on a float tape with float32 tile products against bfloat16 ones (the
+// bfloat16 policy: fused_attention_bf16), alternated:
+//   fused_float T=… d=… threads=… cpu=… rounds=… float32_us=… … bfloat16_over_float32_best=… …_median=…
 // peak_mib is the heap the fused run needs beyond its inputs (X, W, Q, K, V), its output O and the
 // gradients (dO seed, dQ, dK, dV, dX, dW): the peak of live heap bytes during forward + backward,
 // minus the live bytes before it, minus those tensors' bytes. Live bytes are counted by wrapping
@@ -123,6 +126,49 @@ double fused_run(Tape<double>& tape, const BenchInputs& in, bool measure) {
     return double(heap::peak.load() - before - accounted);
 }
 
+// The same inputs rounded once to float, for the float tape's two arithmetics.
+struct FloatInputs {
+    Tensor<float> X, W_Q, W_K, W_V, G;
+    explicit FloatInputs(const BenchInputs& in)
+        : X(tensor_cast<float>(in.X)),
+          W_Q(tensor_cast<float>(in.W_Q)),
+          W_K(tensor_cast<float>(in.W_K)),
+          W_V(tensor_cast<float>(in.W_V)),
+          G(tensor_cast<float>(in.G)) {}
+};
+
+// One fused forward + backward on a float tape, cleared first: its tile products in float32, or
+// in bfloat16 when the tape's policy says so (fused_attention_bf16; the projections are
+// matmul_bf16 then).
+float float_fused_run(Tape<float>& tape, const FloatInputs& in) {
+    tape.clear();
+    const Var<float> X = tape.leaf(in.X), W_Q = tape.leaf(in.W_Q), W_K = tape.leaf(in.W_K), W_V = tape.leaf(in.W_V);
+    const Var<float> O = fused_attention(matmul(X, W_Q), matmul(X, W_K), matmul(X, W_V), false, 0);
+    tape.backward(O, in.G);
+    return X.grad()[0];
+}
+
+// The float step against the bfloat16 one, alternated round by round (timing.hpp), best and
+// median per call; CPU time of this thread on one thread (the work itself on a shared machine),
+// wall time on more (the pool's threads do the work).
+void print_float_line(std::size_t T, std::size_t d, unsigned threads, const BenchInputs& in) {
+    const FloatInputs inputs(in);
+    Tape<float> f32, bf16;
+    bf16.set_product_precision(ProductPrecision::bfloat16);
+    float_fused_run(f32, inputs);  // warm-up: each tape's buffers allocated once
+    float_fused_run(bf16, inputs);
+    const std::size_t rounds = T <= 1024 ? 11 : (T <= 4096 ? 5 : 3);
+    const std::vector<timing::Timing> t =
+        timing::alternate_timings({[&] { float_fused_run(f32, inputs); }, [&] { float_fused_run(bf16, inputs); }},
+                                  rounds, 0.2, threads == 1 ? timing::thread_seconds : timing::wall_seconds);
+    fmt::print(
+        "fused_float T={} d={} threads={} cpu={} rounds={} float32_us={:.0f} float32_median_us={:.0f} "
+        "bfloat16_us={:.0f} bfloat16_median_us={:.0f} bfloat16_over_float32_best={:.2f} "
+        "bfloat16_over_float32_median={:.2f}\n",
+        T, d, threads, cpu_level_name(cpu_level()), rounds, t[0].best_us, t[0].median_us, t[1].best_us, t[1].median_us,
+        t[0].best_us / t[1].best_us, t[0].median_us / t[1].median_us);
+}
+
 // One composed forward + backward on `tape`, cleared first: its nodes' T×T buffers are kept and
 // reused from one run to the next.
 double composed_run(Tape<double>& tape, const BenchInputs& in) {
@@ -226,6 +272,8 @@ int main(int argc, char** argv) {
                        T, d, threads, cpu_level_name(cpu_level()), fused.wall_us, fused.median_wall_us,
                        flops / fused.wall_us / 1e3, composed, libtorch, extra / (1024.0 * 1024.0), fused.cpu_us,
                        flops / fused.cpu_us / 1e3, composed_cpu, libtorch_cpu);
+            std::fflush(stdout);
+            print_float_line(T, d, threads, in);
             std::fflush(stdout);
         }
     }

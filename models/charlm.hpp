@@ -105,8 +105,9 @@ struct CharLmSettings {
     std::size_t micro_batches = 1;
     /// What the model's matrix products read (a float trainer only): bfloat16 trains in mixed
     /// precision as PyTorch's CPU autocast does (train_charlm --dtype bfloat16): every matmul reads
-    /// bfloat16 copies and accumulates in float32; parameters, gradients, Adam's moments, norms,
-    /// softmax, attention's fused kernel and the loss stay float32 (docs/design.md says why).
+    /// bfloat16 copies and accumulates in float32 (the fused attention kernel's tile products too);
+    /// parameters, gradients, Adam's moments, norms, softmax and the loss stay float32
+    /// (docs/design.md says why).
     ProductPrecision products = ProductPrecision::tape;
 
     AdamSettings adam() const {

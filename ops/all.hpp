@@ -16,6 +16,7 @@
 #include "ops/embedding.hpp"
 #include "ops/exp.hpp"
 #include "ops/fused_attention.hpp"
+#include "ops/fused_attention_bf16.hpp"
 #include "ops/gelu.hpp"
 #include "ops/layer_norm.hpp"
 #include "ops/log.hpp"
@@ -61,9 +62,9 @@ namespace tapegrad {
 /// (tests/support.hpp's library_op_names) are made from it, so a new op struct goes here and
 /// nowhere else of those.
 using LibraryOps =
-    OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, Gelu, LayerNorm, Log,
-           Log1p, LogSoftmax, LogSumExp, Mask, MatMul, MatMulBf16, Max, Mean, MergeHeads, Mul, Neg, Permute, Pow, Reciprocal, Relu,
-           RepeatHeads, Reshape, RmsNorm, Rope, Scale, Shift, Sigmoid, Silu, Slice, Softmax, SplitHeads, Sqrt, Sub, Sum,
-           SumAxis, Tanh, Transpose>;
+    OpList<Abs, Add, Clamp, Concat, CrossEntropy, Div, Dropout, Embedding, Exp, FusedAttention, FusedAttentionBf16,
+           Gelu, LayerNorm, Log, Log1p, LogSoftmax, LogSumExp, Mask, MatMul, MatMulBf16, Max, Mean, MergeHeads, Mul,
+           Neg, Permute, Pow, Reciprocal, Relu, RepeatHeads, Reshape, RmsNorm, Rope, Scale, Shift, Sigmoid, Silu, Slice,
+           Softmax, SplitHeads, Sqrt, Sub, Sum, SumAxis, Tanh, Transpose>;
 
 }  // namespace tapegrad

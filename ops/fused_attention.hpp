@@ -51,6 +51,8 @@
 
 #include "autodiff/instances.hpp"
 #include "autodiff/dual_kernels.hpp"
+#include "autodiff/kernels.hpp"
+#include "autodiff/low_precision.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/attention_pattern.hpp"
@@ -64,6 +66,8 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace tapegrad {
@@ -118,8 +122,11 @@ struct Dims {
     std::size_t tile_q, tile_k;
     T c;                         ///< 1/√d, in T's own precision
     std::vector<double> slopes;  ///< ALiBi's m_h per head (empty: no bias)
+    std::string_view op;         ///< the op's name, for its errors
+    ProductPrecision products;   ///< what the tile products read (fused_attention_bf16's float path: bfloat16)
 
-    Dims(const FusedAttention::Settings& settings, Inputs<T> in)
+    Dims(const FusedAttention::Settings& settings, Inputs<T> in, std::string_view op_name = FusedAttention::name,
+         ProductPrecision tile_products = ProductPrecision::tape)
         : batch(in[0]->shape().batch()),
           Tq(in[0]->rows()),
           Tk(in[1]->rows()),
@@ -129,7 +136,23 @@ struct Dims {
           tile_q(settings.tiles.query),
           tile_k(settings.tiles.key),
           c(inv_sqrt<T>(in[0]->cols())),
-          slopes(settings.pattern.slopes()) {}
+          slopes(settings.pattern.slopes()),
+          op(op_name),
+          products(tile_products) {}
+
+    /// A tile product C (+)= op(A)·op(B): in T, or, on a float tape under the bfloat16 policy
+    /// (fused_attention_bf16), A and B read in bfloat16 and summed in float32 as matmul_bf16 reads
+    /// and sums (kernels::gemm_bf16_of_floats).
+    void product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+                 bool accumulate) const {
+        if constexpr (std::is_same_v<T, float>) {
+            if (products == ProductPrecision::bfloat16) {
+                kernels::gemm_bf16_of_floats(form, m, n, k, A, B, C, accumulate);
+                return;
+            }
+        }
+        kernels::gemm(form, m, n, k, A, B, C, accumulate);
+    }
 
     std::size_t query_tiles() const { return (Tq + tile_q - 1) / tile_q; }
     std::size_t key_tiles() const { return (Tk + tile_k - 1) / tile_k; }
@@ -182,7 +205,7 @@ void scores(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, std::siz
             std::size_t j0, std::size_t bk, std::vector<T>& S, std::vector<SeenKeys>& seen) {
     S.resize(bq * bk);
     seen.resize(bq);
-    kernels::gemm(kernels::Form::abT, bq, bk, dims.d, Q + i0 * dims.d, K + j0 * dims.d, S.data(), false);
+    dims.product(kernels::Form::abT, bq, bk, dims.d, Q + i0 * dims.d, K + j0 * dims.d, S.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
         const std::size_t lo = std::clamp(dims.first_visible(i0 + i), j0, j0 + bk);
         const std::size_t hi = std::clamp(dims.visible(i0 + i), lo, j0 + bk);
@@ -191,9 +214,8 @@ void scores(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, std::siz
         const std::size_t j = scale_checked(row, seen[i].count, dims.c);
         if (j != seen[i].count) {
             throw value_error(fmt::format(
-                "fused_attention: score S = Q·Kᵀ/√d is {} at query {}, key {}; the scores must be finite "
-                "(Q or K too large)",
-                to_double(row[j]), i0 + i, lo + j));
+                "{}: score S = Q·Kᵀ/√d is {} at query {}, key {}; the scores must be finite (Q or K too large)",
+                dims.op, to_double(row[j]), i0 + i, lo + j));
         }
         if (!dims.slopes.empty()) {
             for (std::size_t k = 0; k < seen[i].count; ++k) row[k] += dims.bias(b, i0 + i, lo + k);
@@ -249,7 +271,7 @@ void attend_query_tile(const Dims<T>& dims, std::size_t b, const T* Q, const T* 
         for (std::size_t i = 0; i < bq; ++i) {
             online_softmax_step(S.data() + i * bk, bk, seen[i], m[i], l[i], acc + i * dims.r, dims.r);
         }
-        kernels::gemm(kernels::Form::ab, bq, dims.r, bk, S.data(), V + j0 * dims.r, acc, true);
+        dims.product(kernels::Form::ab, bq, dims.r, bk, S.data(), V + j0 * dims.r, acc, true);
     }
     for (std::size_t i = 0; i < bq; ++i) {  // every row saw a key (its largest score gave 1), so l >= 1
         for (std::size_t k = 0; k < dims.r; ++k) acc[i * dims.r + k] /= l[i];
@@ -287,7 +309,7 @@ template <Scalar T>
 void score_gradient(const Dims<T>& dims, const T* dO, const T* V, const T* D, std::size_t i0, std::size_t bq,
                     std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<T>& dP) {
     dP.resize(bq * bk);
-    kernels::gemm(kernels::Form::abT, bq, bk, dims.r, dO + i0 * dims.r, V + j0 * dims.r, dP.data(), false);
+    dims.product(kernels::Form::abT, bq, bk, dims.r, dO + i0 * dims.r, V + j0 * dims.r, dP.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
         score_gradient_row(P.data() + i * bk, dP.data() + i * bk, bk, D[i0 + i], dims.c);
     }
@@ -320,11 +342,9 @@ inline void stop_turns(std::span<std::atomic<std::size_t>> turns) {
     }
 }
 
-}  // namespace fused_detail
-
+/// The forward of every head and query tile: O, and L in `saved` (FusedAttention::forward).
 template <Scalar T>
-void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved) {
-    const fused_detail::Dims<T> dims(settings, in);
+void attend(const Dims<T>& dims, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved) {
     O.resize(in[0]->shape().with_matrix(dims.Tq, dims.r));
     saved.resize(Shape{dims.batch * dims.Tq});
     const std::size_t tiles = dims.query_tiles();
@@ -332,8 +352,8 @@ void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& 
         dims.batch * tiles,
         [&](std::size_t item, unsigned) {
             const std::size_t b = item / tiles, i0 = (item % tiles) * dims.tile_q;
-            fused_detail::attend_query_tile(dims, b, dims.head(*in[0], b), dims.head(*in[1], b),
-                                            dims.head(*in[2], b), i0, dims.head(O, b), dims.head(saved, b));
+            attend_query_tile(dims, b, dims.head(*in[0], b), dims.head(*in[1], b), dims.head(*in[2], b), i0,
+                              dims.head(O, b), dims.head(saved, b));
         },
         dims.max_threads());
 }
@@ -347,14 +367,13 @@ void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& 
 /// unfinished item never waits; on one thread the items run in that order. (With a window, the key
 /// tiles that reach a query tile are a run starting at key_tile_begin, where its ticket starts.)
 template <Scalar T>
-void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
-    const fused_detail::Dims<T> dims(settings, at.in);
+void backward(const Dims<T>& dims, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
     Tensor<T>* const dQ = grads[0];
     Tensor<T>* const dK = grads[1];
     Tensor<T>* const dV = grads[2];
     if (dQ == nullptr && dK == nullptr && dV == nullptr) return;
     const bool need_dS = dQ != nullptr || dK != nullptr;
-    const std::vector<T> D = need_dS ? fused_detail::softmax_row_means(at.G, at.out, dims.r) : std::vector<T>{};
+    const std::vector<T> D = need_dS ? softmax_row_means(at.G, at.out, dims.r) : std::vector<T>{};
     if (dQ != nullptr) dQ->fill(T(0));
     const std::size_t tiles = dims.key_tiles(), query_tiles = dims.query_tiles();
     // ticket[b·query_tiles + it]: the key tile whose dQ term query tile it takes next.
@@ -369,21 +388,21 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
         if (dK_j) std::fill(dK_j, dK_j + bk * dims.d, T(0));
         if (dV_j) std::fill(dV_j, dV_j + bk * dims.r, T(0));
         std::vector<T> P, dP;
-        std::vector<fused_detail::SeenKeys> seen;
+        std::vector<SeenKeys> seen;
         for (std::size_t i0 = dims.first_query_tile(j0); i0 < dims.Tq && dims.sees_keys_before(i0, j0 + bk);
              i0 += dims.tile_q) {
             const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
-            fused_detail::probabilities(dims, b, Q, K, L, i0, bq, j0, bk, P, seen);
-            if (dV_j) kernels::gemm(kernels::Form::aTb, bk, dims.r, bq, P.data(), dO + i0 * dims.r, dV_j, true);
+            probabilities(dims, b, Q, K, L, i0, bq, j0, bk, P, seen);
+            if (dV_j) dims.product(kernels::Form::aTb, bk, dims.r, bq, P.data(), dO + i0 * dims.r, dV_j, true);
             if (!need_dS) continue;
-            fused_detail::score_gradient(dims, dO, V, D.data() + b * dims.Tq, i0, bq, j0, bk, P, dP);
-            if (dK_j) kernels::gemm(kernels::Form::aTb, bk, dims.d, bq, P.data(), Q + i0 * dims.d, dK_j, true);
+            score_gradient(dims, dO, V, D.data() + b * dims.Tq, i0, bq, j0, bk, P, dP);
+            if (dK_j) dims.product(kernels::Form::aTb, bk, dims.d, bq, P.data(), Q + i0 * dims.d, dK_j, true);
             if (dQ == nullptr) continue;
             const auto add_dQ = [&] {
-                kernels::gemm(kernels::Form::ab, bq, dims.d, bk, P.data(), K + j0 * dims.d,
-                              dims.head(*dQ, b) + i0 * dims.d, true);
+                dims.product(kernels::Form::ab, bq, dims.d, bk, P.data(), K + j0 * dims.d,
+                             dims.head(*dQ, b) + i0 * dims.d, true);
             };
-            if (!fused_detail::add_in_turn(ticket[b * query_tiles + i0 / dims.tile_q], jt, add_dQ)) return;
+            if (!add_in_turn(ticket[b * query_tiles + i0 / dims.tile_q], jt, add_dQ)) return;
         }
     };
     parallel_for(
@@ -392,11 +411,23 @@ void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std
             try {
                 key_tile(item / tiles, item % tiles);
             } catch (...) {
-                fused_detail::stop_turns(ticket);
+                stop_turns(ticket);
                 throw;
             }
         },
         dims.max_threads());
+}
+
+}  // namespace fused_detail
+
+template <Scalar T>
+void FusedAttention::forward(const Settings& settings, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved) {
+    fused_detail::attend(fused_detail::Dims<T>(settings, in), in, O, saved);
+}
+
+template <Scalar T>
+void FusedAttention::vjp_all(const Settings& settings, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+    fused_detail::backward(fused_detail::Dims<T>(settings, at.in), at, grads);
 }
 
 template <Scalar T>
@@ -412,17 +443,41 @@ namespace fused_detail {
 /// The settings' own checks: positive tiles, the pattern's rules (AttentionPattern::check), ALiBi's
 /// heads the dimension before [Tq, d].
 template <Scalar T>
-void check_settings(const FusedAttention::Settings& s, const Var<T>& Q, const Var<T>& K) {
+void check_settings(std::string_view op, const FusedAttention::Settings& s, const Var<T>& Q, const Var<T>& K) {
     if (s.tiles.query == 0 || s.tiles.key == 0) {
-        throw value_error(fmt::format("fused_attention: tile sizes must be positive, got {}×{}", s.tiles.query,
-                                      s.tiles.key));
+        throw value_error(fmt::format("{}: tile sizes must be positive, got {}×{}", op, s.tiles.query, s.tiles.key));
     }
-    s.pattern.check(FusedAttention::name, Q.shape().rows(), K.shape().rows());
+    s.pattern.check(op, Q.shape().rows(), K.shape().rows());
     const Shape& q = Q.shape();
     const std::size_t H = s.pattern.alibi_heads;
     if (H != 0 && (q.rank() < 3 || q[q.rank() - 3] != H)) {
         throw shape_error(
-            fmt::format("fused_attention: ALiBi over {} heads needs Q as [..., {}, Tq, d], got {}", H, H, q.to_string()));
+            fmt::format("{}: ALiBi over {} heads needs Q as [..., {}, Tq, d], got {}", op, H, H, q.to_string()));
+    }
+}
+
+/// fused_attention's checks of shapes, settings and values, its errors naming `op` (the op the
+/// call records: fused_attention, or fused_attention_bf16 under the bfloat16 policy).
+template <Scalar T>
+void check_call(std::string_view op, const Var<T>& Q, const Var<T>& K, const Var<T>& V,
+                const FusedAttention::Settings& settings) {
+    checks::attention_inputs(op, Q, K, V);
+    for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
+        if (x.shape().rank() > 4) {
+            throw shape_error(
+                fmt::format("{}: {} must have rank 2, 3 or 4, got shape {}", op, argument, x.shape().to_string()));
+        }
+    }
+    check_settings(op, settings, Q, K);
+    for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
+        const Tensor<T>& value = x.value();
+        for (std::size_t i = 0; i < value.size(); ++i) {
+            if (!is_finite(value[i])) {
+                throw value_error(fmt::format("{}: {} has the non-finite value {} at {} (shape {})", op, argument,
+                                              to_double(value[i]), index_string(value.shape(), i),
+                                              value.shape().to_string()));
+            }
+        }
     }
 }
 
@@ -432,46 +487,38 @@ void check_settings(const FusedAttention::Settings& s, const Var<T>& Q, const Va
 template <class Op, Scalar T>
 Var<T> record_fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
                               const FusedAttention::Settings& settings) {
-    checks::attention_inputs(FusedAttention::name, Q, K, V);
-    for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
-        if (x.shape().rank() > 4) {
-            throw shape_error(fmt::format("fused_attention: {} must have rank 2, 3 or 4, got shape {}", argument,
-                                          x.shape().to_string()));
-        }
-    }
-    fused_detail::check_settings(settings, Q, K);
-    for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
-        const Tensor<T>& value = x.value();
-        for (std::size_t i = 0; i < value.size(); ++i) {
-            if (!is_finite(value[i])) {
-                throw value_error(fmt::format("fused_attention: {} has the non-finite value {} at {} (shape {})",
-                                              argument, to_double(value[i]), index_string(value.shape(), i),
-                                              value.shape().to_string()));
-            }
-        }
-    }
+    fused_detail::check_call(FusedAttention::name, Q, K, V, settings);
     return Q.tape().template record<Op>({Q, K, V}, settings);
+}
+
+template <Scalar T>
+Var<T> fused_attention_bf16(const Var<T>& Q, const Var<T>& K, const Var<T>& V,
+                            const FusedAttention::Settings& settings);  // ops/fused_attention_bf16.hpp
+
+/// Every setting at once: a sliding window, ALiBi's bias, e.g.
+/// fused_attention(Q, K, V, {.pattern = {.causal = true, .window = 256, .alibi_heads = 8}}).
+/// On a float tape whose products are bfloat16 (Tape::set_product_precision), fused_attention_bf16.
+template <Scalar T>
+Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const FusedAttention::Settings& settings) {
+    if constexpr (std::is_same_v<T, float>) {
+        if (Q.valid() && Q.tape().product_precision() == ProductPrecision::bfloat16) {
+            return fused_attention_bf16(Q, K, V, settings);
+        }
+    }
+    return record_fused_attention<FusedAttention>(Q, K, V, settings);
 }
 
 /// O = softmax(Q·Kᵀ/√d, causally masked when `causal`)·V as one op (see the top of this file).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset) {
-    return record_fused_attention<FusedAttention>(Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}});
+    return fused_attention(Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}});
 }
 
 /// The same, with chosen tile sizes (tests use tiny tiles to cross many tile boundaries).
 template <Scalar T>
 Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, bool causal, std::size_t query_offset,
                        FusedAttentionTiles tiles) {
-    return record_fused_attention<FusedAttention>(
-        Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}, .tiles = tiles});
-}
-
-/// Every setting at once: a sliding window, ALiBi's bias, e.g.
-/// fused_attention(Q, K, V, {.pattern = {.causal = true, .window = 256, .alibi_heads = 8}}).
-template <Scalar T>
-Var<T> fused_attention(const Var<T>& Q, const Var<T>& K, const Var<T>& V, const FusedAttention::Settings& settings) {
-    return record_fused_attention<FusedAttention>(Q, K, V, settings);
+    return fused_attention(Q, K, V, {.pattern = {.causal = causal, .query_offset = query_offset}, .tiles = tiles});
 }
 
 // Compiled once in the library for float, double, mp50 and duals (autodiff/instances.hpp).

@@ -683,6 +683,27 @@ struct FusedAttentionRule {
     }
 };
 
+// Fused attention with bfloat16 tile products, by name: on the checks' tapes (double, 50 digits,
+// duals) fused_attention itself, so its row proves the VJP it shares with fused_attention; its
+// float path (the rounding) is tests/test_mixed_precision.cpp's.
+struct FusedAttentionBf16Rule : FusedAttentionRule {
+    static constexpr std::string_view name = "fused_attention_bf16";
+    static Var<double> settings_sample(const SettingsLeaves& l) {
+        const Var<double> h = reshape(l.X, Shape{4, 2}), one_head = split_heads(l.X, 1);
+        return add(
+            sum(fused_attention_bf16(h, h, h, {.pattern = {.causal = true, .query_offset = 2}, .tiles = {3, 2}})),
+            sum(fused_attention_bf16(one_head, one_head, one_head,
+                                     {.pattern = {.causal = true, .window = 1, .alibi_heads = 1}})));
+    }
+    template <class V>
+    static V record(const Operands<V>& x) {
+        return fused_attention_bf16(
+            x[0], x[1], x[2],
+            {.pattern = {
+                 .causal = x.step.flag, .query_offset = x.step.m, .window = x.step.window, .alibi_heads = x.step.n}});
+    }
+};
+
 // ---- reductions ----
 
 struct SumRule {
@@ -1075,7 +1096,7 @@ struct RuleList {
 using Rules = RuleList<
     AddRule, SubRule, MulRule, DivRule, AddBiasRule, NegRule, ShiftRule, ScaleRule, ReciprocalRule, ExpRule, LogRule,
     Log1pRule, SqrtRule, TanhRule, SigmoidRule, AbsRule, PowRule, ClampRule, ReluRule, GeluRule, MatmulRule, MatmulBf16Rule, TransposeRule,
-    SoftmaxRule, MaskRule, LogSoftmaxRule, LayerNormRule, FusedAttentionRule, SumRule, SumAxisRule, MeanRule,
+    SoftmaxRule, MaskRule, LogSoftmaxRule, LayerNormRule, FusedAttentionRule, FusedAttentionBf16Rule, SumRule, SumAxisRule, MeanRule,
     MaxRule, LogsumexpRule, ReshapeRule, ConcatRule, SliceRule, PermuteRule, DropoutRule, DropoutWithMaskRule,
     EmbeddingRule, CrossEntropyRule, SplitHeadsRule, MergeHeadsRule, RmsNormRule, SiluRule, RopeRule,
     RepeatHeadsRule>;

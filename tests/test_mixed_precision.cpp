@@ -6,18 +6,25 @@
 // in the bfloat16 op's float path; the audit's per-leaf prediction lands within a factor of 3 of
 // the measured bfloat16 error on the attention graph; and accumulation in bfloat16 (a fault
 // control) is ranked first by the audit and shows as a measured error far above its prediction.
+// The same for fused attention under the policy (fused_attention_bf16, bfloat16 tile products):
+// recorded by the policy and named in its errors, within bfloat16's error of the exact attention
+// and far from float32's, accepted by the recorded check with a fault of its float path rejected,
+// and predicted by the audit within a factor of 3.
 #define BOOST_TEST_MODULE mixed_precision
 #include "op_rules.hpp"
 
 #include "check/audit.hpp"
 #include "check/recorded.hpp"
 #include "models/attention.hpp"
+#include "ops/fused_attention_bf16.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 using namespace tapegrad;
@@ -108,8 +115,26 @@ struct MatMulBf16AccumulatingInBf16 : MatMulBf16 {
     }
 };
 
-const bool faults_registered =
-    register_siblings<MatMulBf16UntransposedB>() && register_siblings<MatMulBf16AccumulatingInBf16>();
+// fused_attention_bf16 whose float path recomputes S without its scale c = 1/√d in the VJP, so P,
+// and every gradient from it, is wrong there; fused_attention's exact path at the other types.
+struct FusedAttentionBf16UnscaledInVjp : FusedAttentionBf16 {
+    static constexpr std::string_view name = "fused_attention_bf16 with S unscaled in its VJP";
+    using hooks_of = FusedAttentionBf16UnscaledInVjp;
+    template <Scalar T>
+    static void vjp_all(const Settings& s, const VjpArgs<T>& at, std::span<Tensor<T>* const> grads) {
+        if constexpr (std::is_same_v<T, float>) {
+            fused_detail::Dims<T> dims(s, at.in, name, ProductPrecision::bfloat16);
+            dims.c = 1;
+            fused_detail::backward(dims, at, grads);
+        } else {
+            FusedAttentionBf16::vjp_all<T>(s, at, grads);
+        }
+    }
+};
+
+const bool faults_registered = register_siblings<MatMulBf16UntransposedB>() &&
+                               register_siblings<MatMulBf16AccumulatingInBf16>() &&
+                               register_siblings<FusedAttentionBf16UnscaledInVjp>();
 
 // The product of bfloat16-rounded operands in double, and gemm_bf16's error bound for it
 // (autodiff/kernels.hpp): γ_s·Σ|a·b| + (s + 1)·2⁻¹²⁶, s = 2⌈k/2⌉.
@@ -136,7 +161,10 @@ struct AttentionGraph {
     std::vector<Var<float>> leaves;
     Var<float> J;
 };
-AttentionGraph attention_graph(Tape<float>& tape, std::size_t T, std::size_t D, std::uint64_t seed) {
+// `fused`: the attention is fused_attention on the three projections (fused_attention_bf16 under
+// the policy) instead of the composed causal_attention.
+AttentionGraph attention_graph(Tape<float>& tape, std::size_t T, std::size_t D, std::uint64_t seed,
+                               bool fused = false) {
     std::mt19937_64 rng(seed);
     AttentionGraph g;
     g.leaves.push_back(tape.leaf(uniform_tensor(Shape{T, D}, rng, -2, 2), "X"));
@@ -147,8 +175,9 @@ AttentionGraph attention_graph(Tape<float>& tape, std::size_t T, std::size_t D, 
     }
     const std::vector<Var<float>>& in = g.leaves;
     const Var<float> H = layer_norm(in[0], in[1], in[2], LayerNormSettings{.epsilon = static_cast<double>(1e-5f)});
-    const AttentionResult<float> attention = causal_attention(H, in[3], in[4], in[5]);
-    g.J = sum(logsumexp(add(in[0], gelu(matmul(attention.O, in[6]))), 1));
+    const Var<float> O = fused ? fused_attention(matmul(H, in[3]), matmul(H, in[4]), matmul(H, in[5]), true, 0)
+                               : causal_attention(H, in[3], in[4], in[5]).O;
+    g.J = sum(logsumexp(add(in[0], gelu(matmul(O, in[6]))), 1));
     return g;
 }
 
@@ -379,5 +408,153 @@ BOOST_AUTO_TEST_CASE(accumulating_in_bfloat16_is_ranked_first_and_measured_far_a
         BOOST_TEST(right < 3.0, correct.leaves[l].name);
         BOOST_TEST(wrong > 3.0, faulty.leaves[l].name);  // the prediction models the policy, not the fault
         BOOST_TEST(faulty.leaves[l].top_contributor_op == MatMulBf16AccumulatingInBf16::name);
+    }
+}
+
+// ---- fused attention under the policy: fused_attention_bf16 ----
+
+BOOST_AUTO_TEST_CASE(a_bfloat16_tape_records_fused_attention_bf16_and_its_errors_name_it) {
+    std::mt19937_64 rng(2);
+    Tape<float> tape;
+    tape.set_product_precision(ProductPrecision::bfloat16);
+    const Var<float> X = tape.leaf(uniform_tensor(Shape{2, 6, 4}, rng, -1, 1), "X");
+    BOOST_TEST(tape.info(fused_attention(X, X, X, true, 0).index()).op == "fused_attention_bf16");
+    BOOST_TEST(tape.info(fused_attention(X, X, X, false, 0, FusedAttentionTiles{2, 3}).index()).op ==
+               "fused_attention_bf16");
+    BOOST_TEST(tape.info(fused_attention(X, X, X, {.pattern = {.causal = true, .window = 2}}).index()).op ==
+               "fused_attention_bf16");
+    const Var<float> wide = tape.leaf(uniform_tensor(Shape{2, 6, 5}, rng, -1, 1), "wide");
+    const std::string shapes = testing::message_of<shape_error>([&] { (void)fused_attention(X, wide, X, true, 0); });
+    BOOST_TEST(shapes.starts_with("fused_attention_bf16: "), shapes);
+    const std::string tiles = testing::message_of<value_error>([&] {
+        (void)fused_attention(X, X, X, true, 0, FusedAttentionTiles{0, 2});
+    });
+    BOOST_TEST(tiles == "fused_attention_bf16: tile sizes must be positive, got 0×2", tiles);
+    const std::string large = testing::message_of<value_error>([&] {
+        const Var<float> huge = tape.leaf(Tensor<float>(Shape{2, 6, 4}, 1e30f), "huge");
+        (void)fused_attention(huge, huge, X, true, 0);
+    });
+    BOOST_TEST(large.starts_with("fused_attention_bf16: score S = Q·Kᵀ/√d is inf at query 0, key 0"), large);
+    tape.set_product_precision(ProductPrecision::tape);
+    BOOST_TEST(tape.info(fused_attention(X, X, X, true, 0).index()).op == "fused_attention");
+    // By name on a double tape: recorded as itself, computed exactly (fused_attention's values).
+    Tape<double> precise;
+    const Var<double> Y = precise.leaf(tensor_cast<double>(uniform_tensor(Shape{6, 4}, rng, -1, 1)), "Y");
+    const Var<double> exact = fused_attention(Y, Y, Y, true, 0);
+    const Var<double> named = fused_attention_bf16(Y, Y, Y, {.pattern = {.causal = true}});
+    BOOST_TEST(precise.info(named.index()).op == "fused_attention_bf16");
+    BOOST_TEST(named.value().data() == exact.value().data(), boost::test_tools::per_element());
+}
+
+namespace {
+
+// O and the three gradients of J = Σ O ∘ C for fused attention with `settings` on a tape of T
+// (float: under `products`), from the same inputs; each flattened to double.
+template <Scalar T>
+std::array<std::vector<double>, 4> attention_results(const std::array<Tensor<float>, 4>& in,
+                                                     const FusedAttention::Settings& settings,
+                                                     ProductPrecision products) {
+    Tape<T> tape;
+    if constexpr (std::is_same_v<T, float>) tape.set_product_precision(products);
+    const Var<T> Q = tape.leaf(tensor_cast<T>(in[0]), "Q"), K = tape.leaf(tensor_cast<T>(in[1]), "K");
+    const Var<T> V = tape.leaf(tensor_cast<T>(in[2]), "V");
+    const Var<T> O = fused_attention(Q, K, V, settings);
+    tape.backward(sum(mul(O, tape.constant(tensor_cast<T>(in[3])))));
+    const auto flat = [](const Tensor<T>& t) {
+        std::vector<double> v;
+        for (const T& x : t.data()) v.push_back(static_cast<double>(x));
+        return v;
+    };
+    return {flat(O.value()), flat(Q.grad()), flat(K.grad()), flat(V.grad())};
+}
+
+double normwise(const std::vector<double>& got, const std::vector<double>& truth) {
+    double diff = 0, norm = 0;
+    for (std::size_t k = 0; k < got.size(); ++k) {
+        diff += (got[k] - truth[k]) * (got[k] - truth[k]);
+        norm += truth[k] * truth[k];
+    }
+    return std::sqrt(diff / norm);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(fused_attention_bf16_is_within_bfloat16s_error_of_the_exact_attention_and_far_from_float32s) {
+    // Two heads, 5 queries after 2 cached keys over 7 keys, d = 8, r = 6; tiles that cross the
+    // online softmax's tile boundaries; with a window and ALiBi; and one tile holding everything.
+    const FusedAttention::Settings settings[] = {
+        {.pattern = {.causal = false}, .tiles = {64, 64}},
+        {.pattern = {.causal = true, .query_offset = 2}, .tiles = {3, 2}},
+        {.pattern = {.causal = true, .query_offset = 2, .window = 3, .alibi_heads = 2}, .tiles = {2, 3}},
+    };
+    std::mt19937_64 rng(17);
+    for (const FusedAttention::Settings& s : settings) {
+        const std::array<Tensor<float>, 4> in{
+            uniform_tensor(Shape{2, 5, 8}, rng, -1, 1), uniform_tensor(Shape{2, 7, 8}, rng, -1, 1),
+            uniform_tensor(Shape{2, 7, 6}, rng, -1.5, 0.5), uniform_tensor(Shape{2, 5, 6}, rng, -1, 2)};
+        const auto exact = attention_results<double>(in, s, ProductPrecision::tape);
+        const auto bf16 = attention_results<float>(in, s, ProductPrecision::bfloat16);
+        const auto f32 = attention_results<float>(in, s, ProductPrecision::tape);
+        for (std::size_t k = 0; k < 4; ++k) {
+            const double e_bf16 = normwise(bf16[k], exact[k]), e_f32 = normwise(f32[k], exact[k]);
+            BOOST_TEST_MESSAGE(fmt::format("tiles {}x{} result {}: bfloat16 {:.2e}, float32 {:.2e}", s.tiles.query,
+                                           s.tiles.key, k, e_bf16, e_f32));
+            // Each result is at most three tile products deep (dQ: S, then dP, then dS·K), each
+            // reading operands rounded by at most 2⁻⁹ relatively; with entries within [-2, 2] and
+            // d = 8, an S off by c·d·2·2⁻⁹·4 ≈ 0.04 moves P by about 4%, so 2⁻⁴ normwise bounds a
+            // correct bfloat16 run with room; a product left in float32 everywhere stays near
+            // float32's 2⁻²⁴, and one fed unrounded operands only in part lands between.
+            BOOST_TEST(e_bf16 <= 0x1p-4);
+            BOOST_TEST(e_bf16 > 0x1p-12);      // the operands were rounded: bfloat16's error, not float32's
+            BOOST_TEST(e_bf16 > 256 * e_f32);  // and float32's own run is far more precise
+        }
+    }
+}
+
+BOOST_AUTO_TEST_CASE(the_recorded_check_accepts_a_fused_bfloat16_tape_and_rejects_a_fault_of_its_float_path) {
+    Tape<float> tape;
+    tape.set_product_precision(ProductPrecision::bfloat16);
+    const AttentionGraph graph = attention_graph(tape, 8, 8, 43, true);
+    BOOST_TEST(count_op(tape, "fused_attention_bf16") == 1u);
+    BOOST_TEST(count_op(tape, "matmul_bf16") == 4u);  // Q, K, V, O·W_O
+    tape.backward(graph.J);
+    const CheckReport report = check_gradients(tape, graph.J);
+    BOOST_TEST(report.passed, report.summary());
+    BOOST_TEST_REQUIRE(report.float_gradients.size() == 7u);
+    for (const FloatGradientCheck& f : report.float_gradients) BOOST_TEST(f.error > 0x1p-20, f.leaf);
+
+    std::mt19937_64 rng(9);
+    Tape<float> faulty;
+    faulty.set_product_precision(ProductPrecision::bfloat16);
+    const Var<float> Q = faulty.leaf(uniform_tensor(Shape{2, 6, 4}, rng, -1, 1), "Q");
+    const Var<float> K = faulty.leaf(uniform_tensor(Shape{2, 6, 4}, rng, -1, 1), "K");
+    const Var<float> V = faulty.leaf(uniform_tensor(Shape{2, 6, 3}, rng, -1, 1), "V");
+    const Var<float> O = faulty.record<FusedAttentionBf16UnscaledInVjp>({Q, K, V}, FusedAttention::Settings{});
+    const Var<float> J = sum(mul(tanh(O), faulty.constant(uniform_tensor(Shape{2, 6, 3}, rng, 0.5, 1.5))));
+    faulty.backward(J);
+    const CheckReport rejected = check_gradients(faulty, J);
+    BOOST_TEST(!rejected.passed);
+    BOOST_TEST(rejected.failures == 0u);  // the function's derivatives (double, 50 digits) are right
+    BOOST_TEST_REQUIRE(rejected.float_gradients.size() == 3u);
+    for (const FloatGradientCheck& f : rejected.float_gradients) BOOST_TEST(!f.passed, f.leaf);
+}
+
+BOOST_AUTO_TEST_CASE(the_audit_predicts_each_leafs_error_through_fused_bfloat16_attention_within_a_factor_of_3) {
+    for (const std::size_t T : {16u, 64u}) {
+        Tape<float> tape;
+        tape.set_product_precision(ProductPrecision::bfloat16);
+        const AttentionGraph graph = attention_graph(tape, T, 16, 200 + T, true);
+        const PrecisionAudit audit = audit_precision(tape, graph.J);
+        BOOST_TEST_REQUIRE(audit.leaves.size() == 7u);
+        for (const LeafAudit& leaf : audit.leaves) {
+            BOOST_TEST_REQUIRE(leaf.predicted.has_value());
+            const double measured = leaf.gradient.normwise, predicted = *leaf.predicted;
+            BOOST_TEST_MESSAGE(fmt::format("fused, T = {:2} {:<5} measured {:.2e}, predicted {:.2e} (ratio {:.2f})", T,
+                                           leaf.name, measured, predicted, predicted / measured));
+            BOOST_TEST(predicted >= measured / 3, leaf.name);
+            BOOST_TEST(predicted <= measured * 3, leaf.name);
+        }
+        const std::string worst = audit.worst().op;
+        BOOST_TEST((worst == "matmul_bf16" || worst == "fused_attention_bf16"), worst);
     }
 }
