@@ -20,11 +20,16 @@
 ///       dropping the gain from it (r·(G − x̂·mean(G∘x̂))) is llm.c's bug #763; ggml #1491's
 ///       rms_norm_back differs from it on every row.
 ///   dg_j = Σ_rows G_j·x̂_j   (each row uses g once, with slope x̂).
+/// float and double rows go to compiled kernels (src/cpu/level_kernels.hpp): the same formulas,
+/// their sums vectorised in a fixed order, and S_j, P_j taken as the row's total less j's own term
+/// except at the one element whose x_j² is most of Σ x², where they are summed over the others as
+/// here (so it keeps its digits too).
 #pragma once
 
 #include "autodiff/instances.hpp"
 #include "autodiff/tape.hpp"
 #include "ops/checks.hpp"
+#include "ops/fast/kernels.hpp"
 
 #include <fmt/core.h>
 
@@ -60,6 +65,13 @@ struct RmsNorm {
         const std::size_t D = X.cols(), N = X.size() / D;
         Y.resize(X.shape());
         saved.resize(Shape{N});
+        if constexpr (has_compiled_kernels<T>) {  // the same formula, vectorised (src/cpu/level_kernels.hpp)
+            for (std::size_t n = 0; n < N; ++n) {
+                saved[n] = op_kernels<T>().rms_norm_row(X.data().data() + n * D, g.data().data(), D, s.epsilon,
+                                                        Y.data().data() + n * D);
+            }
+            return;
+        }
         for (std::size_t n = 0; n < N; ++n) {
             const T* x = X.data().data() + n * D;
             T squares(0);
@@ -75,6 +87,14 @@ struct RmsNorm {
         const Tensor<T>& X = *at.in[0];
         const std::size_t D = X.cols(), N = X.size() / D;
         if (which == 0) {
+            if constexpr (has_compiled_kernels<T>) {  // the same formula, vectorised (see the top)
+                for (std::size_t n = 0; n < N; ++n) {
+                    op_kernels<T>().rms_norm_vjp_row(X.data().data() + n * D, at.in[1]->data().data(),
+                                                     at.G.data().data() + n * D, D, at.saved[n], s.epsilon,
+                                                     din.data().data() + n * D);
+                }
+                return;
+            }
             std::vector<T> after(2 * (D + 1));  // the suffix sums of one row
             for (std::size_t n = 0; n < N; ++n) input_row(s.epsilon, at, n, D, after, din);
             return;

@@ -1,7 +1,7 @@
 // The compiled kernels at every instruction-set level this machine supports (autodiff/cpu.hpp):
 // the level API (report, force, refuse), and the results of every level held to a higher-precision
 // reference within a bound derived before the run: the three product forms in double and float,
-// the softmax rows, GELU, the NaN scan, and attention (composed and fused, values and gradients) against 50 digits.
+// the softmax rows, GELU, silu, rms_norm, the NaN scan, and attention (composed and fused, values and gradients) against 50 digits.
 // CTest also runs the kernel tests under TAPEGRAD_CPU=<level> (tests/CMakeLists.txt), and
 // tests/check_cpu_levels.cmake checks on the binaries that the levels are separate code.
 #define BOOST_TEST_MODULE cpu_levels
@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 using namespace tapegrad;
@@ -283,6 +284,51 @@ BOOST_AUTO_TEST_CASE(silu_agrees_with_50_digits_at_every_level) {
             // values up to 800 in size (the mixed error divides by them); 1e-14 as GELU's.
             BOOST_TEST(mixed_error(Y.value(), Y_mp) <= 1e-14);
             BOOST_TEST(mixed_error(A_d.grad(), A_mp.grad()) <= 1e-14);
+        }
+    }
+}
+
+// rms_norm (compiled per level, ops/rms_norm.hpp) against its generic formula in 50 digits, at
+// widths 1, 37 (no multiple of a vector width) and 64, with a dominant element at the first, a
+// middle and the last position of a row (its x² most of Σ x²), one whose ĝ·x is most of Σ |ĝ·x|
+// (G large there: P less that term loses digits of P_j, but times x_j they are a rounding of the
+// first term, ĝ_j·S_j, so the kernel takes no care of it), and rows of ordinary values. dX at a dominant element is a difference of two
+// nearly equal totals were it taken as the total less its own term (the kernel's way for the other
+// elements): 1e6 + 12 less 1e6 keeps 12 of 1e-10's accuracy, so there the bound is relative,
+// 64 u as tests/test_decoder_ops.cpp's rms_norm_gradient_keeps_its_digits_where_a_row_is_one_element
+// derives; elsewhere the mixed error ≤ 1e-14, a few dozen roundings of the row's formula.
+BOOST_AUTO_TEST_CASE(rms_norm_agrees_with_50_digits_at_every_level_and_keeps_a_dominant_elements_digits) {
+    const testing::RestoreCpuLevel restore;
+    const double u = std::numeric_limits<double>::epsilon() / 2;
+    std::mt19937_64 rng(19);
+    for (const std::size_t D : {1u, 37u, 64u}) {
+        Tensor<double> X = random_tensor({5, D}, rng), G = random_tensor({5, D}, rng);
+        const Tensor<double> gain = random_tensor({D}, rng);
+        // (row, element) dominant in Σ x² (rows 0-2) and in Σ |ĝ·x| (row 3); row 4 is ordinary.
+        const std::vector<std::pair<std::size_t, std::size_t>> dominant{{0, 0}, {1, D / 2}, {2, D - 1}, {3, D / 3}};
+        for (std::size_t r = 0; r < 3; ++r) X[r * D + dominant[r].second] = r == 1 ? -1e3 : 1e3;
+        G[3 * D + dominant[3].second] = 1e8;
+        Tape<mp50> reference_tape;
+        const Var<mp50> X_mp = reference_tape.leaf(tensor_cast<mp50>(X)),
+                        g_mp = reference_tape.leaf(tensor_cast<mp50>(gain));
+        const Var<mp50> Y_mp = rms_norm(X_mp, g_mp);
+        reference_tape.backward(Y_mp, tensor_cast<mp50>(G));
+        for (const CpuLevel level : available_cpu_levels()) {
+            set_cpu_level(level);
+            Tape<double> tape;
+            const Var<double> X_d = tape.leaf(X), g_d = tape.leaf(gain);
+            const Var<double> Y = rms_norm(X_d, g_d);
+            tape.backward(Y, G);
+            BOOST_TEST_CONTEXT(cpu_level_name(level) << ", D = " << D) {
+                BOOST_TEST(mixed_error(Y.value(), Y_mp.value()) <= 1e-14);
+                BOOST_TEST(mixed_error(X_d.grad(), X_mp.grad()) <= 1e-14);
+                BOOST_TEST(mixed_error(g_d.grad(), g_mp.grad()) <= 1e-14);
+                for (const auto& [row, j] : dominant) {
+                    const mp50& exact = X_mp.grad()[row * D + j];
+                    const double error = to_double(abs(mp50(X_d.grad()[row * D + j]) - exact) / abs(exact));
+                    BOOST_TEST(error <= 64 * u, "row " << row << ", element " << j);
+                }
+            }
         }
     }
 }

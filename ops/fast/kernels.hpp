@@ -1,6 +1,7 @@
 /// \file
 /// The ops' compiled kernels: the float/double row kernels of softmax (ops/fast/softmax_rows.hpp),
-/// fused attention (ops/fast/fused_attention_rows.hpp), GELU (ops/gelu.hpp) and silu (ops/silu.hpp),
+/// fused attention (ops/fast/fused_attention_rows.hpp), GELU (ops/gelu.hpp), silu (ops/silu.hpp)
+/// and rms_norm (ops/rms_norm.hpp),
 /// compiled once per
 /// instruction-set level with the engine's (autodiff/cpu.hpp) and run at cpu_level(). Declared here,
 /// beside the ops that call them, so an op's kernel is added without touching autodiff/: a field
@@ -34,6 +35,11 @@ struct OpKernels {
     /// silu (ops/silu.hpp): y[k] = a[k]·σ(a[k]), and da[k] = g[k]·(σ(a[k]) + a[k]·σ'(a[k])).
     void (*silu)(const T* a, std::size_t n, T* y);
     void (*silu_vjp)(const T* a, const T* g, std::size_t n, T* da);
+    /// rms_norm (ops/rms_norm.hpp), one row of width n: y[k] = g[k]·(x[k]·r), returning
+    /// r = 1/√(Σ x²/n + ε); and the row's dX, dx[k] = (r³/n)·(ĝ_k·(S_k + n·ε) − x[k]·P_k) with
+    /// ĝ = G∘g, S_k = Σ_{j≠k} x_j², P_k = Σ_{j≠k} ĝ_j·x_j.
+    T (*rms_norm_row)(const T* x, const T* g, std::size_t n, T epsilon, T* y);
+    void (*rms_norm_vjp_row)(const T* x, const T* g, const T* G, std::size_t n, T r, T epsilon, T* dx);
 };
 
 /// The op kernels of the level running now (cpu_level()), for T = float or double.

@@ -329,6 +329,42 @@ void silu_vjp(const T* a, const T* g, std::size_t n, T* da) {
     }
 }
 
+// rms_norm's forward on one row (ops/rms_norm.hpp): r = 1/√(Σ x²/n + ε), y = g·(x·r); returns r.
+template <class T>
+T rms_norm_row(const T* x, const T* g, std::size_t n, T epsilon, T* y) {
+    const T squares = sum_terms_in_fixed_order<T>(n, [x](std::size_t j) { return x[j] * x[j]; });
+    const T r = T(1) / std::sqrt(squares / T(n) + epsilon);
+    for (std::size_t j = 0; j < n; ++j) y[j] = g[j] * (x[j] * r);
+    return r;
+}
+
+// rms_norm's dX on one row: dx_j = (r³/n)·(ĝ_j·(S_j + n·ε) − x_j·P_j), ĝ = G∘g, S_j and P_j the
+// sums of x_k² and ĝ_k·x_k over k ≠ j, each taken as the row's total less j's own term, except at
+// an element whose x_j² is more than half of Σ x² (one at most: a dominant element, a row of width
+// 1), whose two sums are taken over the others directly, as the generic loop's prefix and suffix
+// sums take every one (ops/rms_norm.hpp says what the total would lose there). Elsewhere
+// x_j² ≤ S_j, so S less x_j² loses at most a bit of S_j, and P less ĝ_j·x_j adds at most
+// u·|ĝ_j·x_j| to P_j: times x_j, at most u·|ĝ_j|·S_j, a rounding of the first term. The two totals
+// are sums in the fixed order (vectorised, the same bits at every level); the rest is elementwise.
+template <class T>
+void rms_norm_vjp_row(const T* x, const T* g, const T* G, std::size_t n, T r, T epsilon, T* dx) {
+    const auto square = [x](std::size_t j) { return x[j] * x[j]; };
+    const auto term = [x, g, G](std::size_t j) { return (G[j] * g[j]) * x[j]; };
+    const T S = sum_terms_in_fixed_order<T>(n, square), P = sum_terms_in_fixed_order<T>(n, term);
+    const T scale = r * r * r / T(n), n_epsilon = T(n) * epsilon;
+    const auto dx_of = [&](std::size_t j, T S_j, T P_j) {
+        return scale * ((G[j] * g[j]) * (S_j + n_epsilon) - x[j] * P_j);
+    };
+    for (std::size_t j = 0; j < n; ++j) dx[j] = dx_of(j, S - square(j), P - term(j));
+    const auto over_others = [n](std::size_t j, const auto& f) {
+        return sum_terms_in_fixed_order<T>(j, f) +
+               sum_terms_in_fixed_order<T>(n - j - 1, [j, &f](std::size_t k) { return f(j + 1 + k); });
+    };
+    for (std::size_t j = 0; j < n; ++j) {
+        if (T(2) * square(j) > S) dx[j] = dx_of(j, over_others(j, square), over_others(j, term));
+    }
+}
+
 // The bfloat16 product (float's table only): at these levels, vdpbf16ps emulated (src/cpu/bf16_product.hpp).
 template <class T>
 constexpr auto bf16_product_for() {
@@ -378,7 +414,9 @@ constexpr OpKernels<T> op_kernels_for() {
             .gelu_tanh = &gelu_tanh<T>,
             .gelu_tanh_vjp = &gelu_tanh_vjp<T>,
             .silu = &silu<T>,
-            .silu_vjp = &silu_vjp<T>};
+            .silu_vjp = &silu_vjp<T>,
+            .rms_norm_row = &rms_norm_row<T>,
+            .rms_norm_vjp_row = &rms_norm_vjp_row<T>};
 }
 
 // The table this level's file exports.
