@@ -471,12 +471,11 @@ void check_call(std::string_view op, const Var<T>& Q, const Var<T>& K, const Var
     check_settings(op, settings, Q, K);
     for (const auto& [argument, x] : {std::pair{"Q", Q}, std::pair{"K", K}, std::pair{"V", V}}) {
         const Tensor<T>& value = x.value();
-        for (std::size_t i = 0; i < value.size(); ++i) {
-            if (!is_finite(value[i])) {
-                throw value_error(fmt::format("{}: {} has the non-finite value {} at {} (shape {})", op, argument,
-                                              to_double(value[i]), index_string(value.shape(), i),
-                                              value.shape().to_string()));
-            }
+        const std::size_t i = first_not_finite(value.data().data(), value.size());
+        if (i != value.size()) {
+            throw value_error(fmt::format("{}: {} has the non-finite value {} at {} (shape {})", op, argument,
+                                          to_double(value[i]), index_string(value.shape(), i),
+                                          value.shape().to_string()));
         }
     }
 }

@@ -586,6 +586,46 @@ BOOST_AUTO_TEST_CASE(bad_input_is_refused_with_clear_errors) {
 // and dQ's terms are added in key-tile order. On 1 to 16 threads, plain, causal, and causal with a
 // window and ALiBi at an offset, with 2 heads of 300 queries in tiles of 128 (6 forward items, 6
 // backward items, 7 with the offset's keys: fewer than the threads from 7 on), bit for bit.
+// A non-finite input is named at its first position in each of Q, K and V, whatever the position
+// (the first, a middle and the last element: the float and double scan counts before it looks),
+// +inf and -inf alike; the largest finite value of the type passes the scan (its scores then
+// overflow, a refusal of its own), and a second bad element after the first is not the one named.
+template <Scalar T>
+void check_non_finite_inputs() {
+    // (No NaN: a leaf refuses one before an op sees it.)
+    const T values[] = {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity()};
+    const Shape shape{2, 3, 5};  // 30 elements: a vector width's remainder at every level
+    const std::array<std::string_view, 3> names{"Q", "K", "V"};
+    for (std::size_t which = 0; which < 3; ++which)
+        for (const std::size_t at : {0u, 13u, 29u})
+            for (const T& bad : values) {
+                Tape<T> tape;
+                std::array<Tensor<T>, 3> in{Tensor<T>(shape, T(0.25)), Tensor<T>(shape, T(-0.5)),
+                                            Tensor<T>(shape, T(0.75))};
+                in[which][at] = bad;
+                if (at != 29) in[which][29] = std::numeric_limits<T>::infinity();  // a later one, not named
+                const std::string message = testing::message_of<value_error>(
+                    [&] { (void)fused_attention(tape.leaf(in[0]), tape.leaf(in[1]), tape.leaf(in[2]), true, 0); });
+                const std::string expected =
+                    fmt::format("fused_attention: {} has the non-finite value {} at {} (shape [2x3x5])", names[which],
+                                to_double(bad), index_string(shape, at));
+                BOOST_TEST(message == expected);
+            }
+    if constexpr (has_compiled_kernels<T>) {  // the scan's bound: ±max is finite
+        Tape<T> tape;
+        const Tensor<T> largest(shape, std::numeric_limits<T>::max());
+        const std::string message = testing::message_of<value_error>(
+            [&] { (void)fused_attention(tape.leaf(largest), tape.leaf(largest), tape.leaf(largest), true, 0); });
+        BOOST_TEST(message.starts_with("fused_attention: score S = Q·Kᵀ/√d is inf"), message);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(a_non_finite_input_is_named_at_its_first_position) {
+    check_non_finite_inputs<double>();
+    check_non_finite_inputs<float>();
+    check_non_finite_inputs<mp50>();
+}
+
 BOOST_AUTO_TEST_CASE(results_are_identical_on_1_to_16_threads) {
     std::mt19937_64 rng(29);
     const Tensor<double> q = random_tensor(Shape{2, 300, 16}, rng), k = random_tensor(Shape{2, 340, 16}, rng),

@@ -14,7 +14,9 @@
 #include "ops/fast/kernels.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
+#include <limits>
 
 namespace tapegrad::fused_detail {
 
@@ -77,6 +79,21 @@ void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T
     } else {
         for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
     }
+}
+
+/// The first k < n with x[k] not finite, or n. float and double first count the elements that are
+/// not within ±max (NaN compares false) in a loop the compiler vectorises, so an input of finite
+/// values (every call but a refused one) takes no branch per element.
+template <Scalar T>
+std::size_t first_not_finite(const T* x, std::size_t n) {
+    if constexpr (vectorised<T>) {
+        std::size_t outside = 0;
+        for (std::size_t k = 0; k < n; ++k) outside += !(std::abs(x[k]) <= std::numeric_limits<T>::max());
+        if (outside == 0) return n;
+    }
+    for (std::size_t k = 0; k < n; ++k)
+        if (!is_finite(x[k])) return k;
+    return n;
 }
 
 }  // namespace tapegrad::fused_detail
