@@ -34,6 +34,21 @@ void exp_shifted(T* x, std::size_t n, const T& shift) {
     }
 }
 
+/// The first k < n with x[k] not finite, or n. float and double first count the elements that are
+/// not within ±max (NaN compares false) in a loop the compiler vectorises, so an input of finite
+/// values (every call but a refused one) takes no branch per element.
+template <Scalar T>
+std::size_t first_not_finite(const T* x, std::size_t n) {
+    if constexpr (vectorised<T>) {
+        std::size_t outside = 0;
+        for (std::size_t k = 0; k < n; ++k) outside += !(std::abs(x[k]) <= std::numeric_limits<T>::max());
+        if (outside == 0) return n;
+    }
+    for (std::size_t k = 0; k < n; ++k)
+        if (!is_finite(x[k])) return k;
+    return n;
+}
+
 /// x[k] = c·x[k] for k < n; returns the first k with a non-finite result, or n.
 template <Scalar T>
 std::size_t scale_checked(T* x, std::size_t n, const T& c) {
@@ -42,9 +57,7 @@ std::size_t scale_checked(T* x, std::size_t n, const T& c) {
     } else {
         for (std::size_t k = 0; k < n; ++k) x[k] = T(c * x[k]);
     }
-    for (std::size_t k = 0; k < n; ++k)
-        if (!is_finite(x[k])) return k;
-    return n;
+    return first_not_finite(x, n);
 }
 
 /// max(start, x[0..n)).
@@ -79,21 +92,6 @@ void score_gradient_row(T* p, const T* dp, std::size_t n, const T& mean, const T
     } else {
         for (std::size_t k = 0; k < n; ++k) p[k] = T(c * T(p[k] * T(dp[k] - mean)));
     }
-}
-
-/// The first k < n with x[k] not finite, or n. float and double first count the elements that are
-/// not within ±max (NaN compares false) in a loop the compiler vectorises, so an input of finite
-/// values (every call but a refused one) takes no branch per element.
-template <Scalar T>
-std::size_t first_not_finite(const T* x, std::size_t n) {
-    if constexpr (vectorised<T>) {
-        std::size_t outside = 0;
-        for (std::size_t k = 0; k < n; ++k) outside += !(std::abs(x[k]) <= std::numeric_limits<T>::max());
-        if (outside == 0) return n;
-    }
-    for (std::size_t k = 0; k < n; ++k)
-        if (!is_finite(x[k])) return k;
-    return n;
 }
 
 }  // namespace tapegrad::fused_detail
