@@ -96,11 +96,24 @@ enum class Form { ab, abT, aTb };
 struct Block {
     std::size_t first_row, rows, first_col, cols;
 };
-/// One block of C (m×n) = op(A)·op(B), or += when accumulate, for bfloat16 A and B (bit patterns,
-/// autodiff/low_precision.hpp) and float32 C, in the arithmetic autodiff/kernels.hpp's gemm_bf16
-/// defines; on the calling thread.
-using Bf16GemmBlock = void (*)(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
-                               const std::uint16_t* B, float* C, bool accumulate, Block block);
+/// An operand of the bfloat16 product: bfloat16 bit patterns (autodiff/low_precision.hpp), or
+/// floats that the product rounds to bfloat16 (bfloat16_from_float) as it packs them, so that no
+/// rounded copy of the whole operand is made first. Either way the product reads the same bfloat16.
+class Bf16Operand {
+public:
+    Bf16Operand(const std::uint16_t* bits) : bits_(bits) {}  // NOLINT: either kind converts implicitly
+    Bf16Operand(const float* floats) : floats_(floats) {}    // NOLINT
+    const std::uint16_t* bits() const { return bits_; }      ///< null for floats
+    const float* floats() const { return floats_; }          ///< null for bit patterns
+
+private:
+    const std::uint16_t* bits_ = nullptr;
+    const float* floats_ = nullptr;
+};
+/// One block of C (m×n) = op(A)·op(B), or += when accumulate, for bfloat16 A and B (Bf16Operand)
+/// and float32 C, in the arithmetic autodiff/kernels.hpp's gemm_bf16 defines; on the calling thread.
+using Bf16GemmBlock = void (*)(Form form, std::size_t m, std::size_t n, std::size_t k, Bf16Operand A, Bf16Operand B,
+                               float* C, bool accumulate, Block block);
 /// x[0..n) rounded to bfloat16 into out[0..n) (bit patterns), to nearest even as
 /// autodiff/low_precision.hpp's bfloat16_from_float rounds, the same bits at every level: the
 /// copies the bfloat16 products read (ops/matmul_bf16.hpp).

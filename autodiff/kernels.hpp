@@ -14,6 +14,7 @@
 #pragma once
 
 #include "autodiff/cpu.hpp"
+#include "autodiff/low_precision.hpp"
 #include "autodiff/parallel.hpp"
 #include "autodiff/tensor.hpp"
 
@@ -136,10 +137,20 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
 }
 
 namespace detail {
-/// n bfloat16 (bit patterns) as the floats they are: the high half of a float's bits (exact).
-inline std::unique_ptr<float[]> widened_bf16(const std::uint16_t* x, std::size_t n) {
+/// n elements of a bfloat16 operand as the floats they are: bit patterns widened (the high half of
+/// a float's bits, exact); floats rounded to bfloat16 first, by the level's vectorised rounding
+/// (rounding and widening in one loop here, compiled for the baseline level, took longer than the
+/// two passes: bench_bf16, docs/performance.md, 2026-12-07, second session).
+inline std::unique_ptr<float[]> widened_bf16(Bf16Operand x, std::size_t n) {
+    std::unique_ptr<std::uint16_t[]> rounded;
+    const std::uint16_t* bits = x.bits();
+    if (bits == nullptr) {
+        rounded = std::make_unique_for_overwrite<std::uint16_t[]>(n);
+        engine_kernels<float>().round_to_bf16(x.floats(), n, rounded.get());
+        bits = rounded.get();
+    }
     std::unique_ptr<float[]> out = std::make_unique_for_overwrite<float[]>(n);
-    for (std::size_t i = 0; i < n; ++i) out[i] = std::bit_cast<float>(std::uint32_t{x[i]} << 16);
+    for (std::size_t i = 0; i < n; ++i) out[i] = float_from_bfloat16(bits[i]);
     return out;
 }
 }  // namespace detail
@@ -186,8 +197,11 @@ inline std::unique_ptr<float[]> widened_bf16(const std::uint16_t* x, std::size_t
 /// a subnormal C₀ (the C added to; 0 without accumulate) is read as 0, so for a finite result and
 /// inputs without bfloat16 subnormals (whose products DAZ may drop whole)
 ///   |C − (C₀ + Σ_p a_p·b_p)| ≤ γ_s·(|C₀| + Σ_p |a_p·b_p|) + (s + 1)·2⁻¹²⁶,  γ_s = s·2⁻²⁴/(1 − s·2⁻²⁴).
-inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
-                      const std::uint16_t* B, float* C, bool accumulate) {
+/// A and B are bit patterns or floats (Bf16Operand): floats are rounded to bfloat16 as the product
+/// packs them (or widens them), the same bits as a product of their rounded copies (round_to_bf16)
+/// without making those copies.
+inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, Bf16Operand A, Bf16Operand B, float* C,
+                      bool accumulate) {
     if (bf16_products_widened()) {
         // op(A) and op(B) hold m·k and k·n elements in every form.
         gemm<float>(form, m, n, k, detail::widened_bf16(A, m * k).get(), detail::widened_bf16(B, k * n).get(), C,
@@ -203,19 +217,6 @@ inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, co
 /// rounds each, at the active CPU level (vectorised; the same bits at every level).
 inline void round_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
     engine_kernels<float>().round_to_bf16(x, n, out);
-}
-
-/// gemm_bf16 of float32 operands: op(A) and op(B) rounded to bfloat16 (round_to_bf16), then
-/// multiplied and summed as gemm_bf16 does. For products whose operands are made tile by tile
-/// (the fused attention's P and dS): the rounded copies are the calling thread's, reused.
-inline void gemm_bf16_of_floats(Form form, std::size_t m, std::size_t n, std::size_t k, const float* A, const float* B,
-                                float* C, bool accumulate) {
-    thread_local std::vector<std::uint16_t> a, b;
-    a.resize(m * k);  // op(A) and op(B) hold m·k and k·n elements in every form
-    b.resize(k * n);
-    round_to_bf16(A, m * k, a.data());
-    round_to_bf16(B, k * n, b.data());
-    gemm_bf16(form, m, n, k, a.data(), b.data(), C, accumulate);
 }
 
 }  // namespace tapegrad::kernels

@@ -9,6 +9,7 @@
 //   host …                                        (host.hpp: CPU, level, this host's GEMM rate)
 //   bf16_peak gflops=…
 //   bf16 cpu=<level> arithmetic=<fastest|vdpbf16ps> form=<ab|abT|aTb> m=… n=… k=… gflops=… peak_ratio=… float32_gflops=…
+//        [of_floats_gflops=… rounded_copies_gflops=…]   (fastest only: see bench below)
 // (2 flops a multiply-add; peak_ratio = gflops / the peak), at a level without vdpbf16ps once in
 // each arithmetic (Bf16Arithmetic, autodiff/cpu.hpp: widened to float32, and the exact emulation),
 // at the avx512_bf16 level once (both are vdpbf16ps there). Sizes: n×n×n for n = 256, 512, 1024,
@@ -29,6 +30,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -90,7 +92,11 @@ const char* form_name(kernels::Form form) {
     return "?";
 }
 
-// One line: the bfloat16 and the float32 product of `size` at the active level, alternating.
+// One line: the bfloat16 and the float32 product of `size` at the active level, alternating; in
+// the fastest arithmetic (what a float tape's products run by default) also the bfloat16 product of
+// float operands, rounded as it packs them (of_floats), and the same product made as matmul_bf16
+// made it before it passed floats: both operands rounded into copies (kernels::round_to_bf16) and
+// the product of the copies (rounded_copies); their GFLOP/s count the product's flops only.
 void bench(const Size& size, std::optional<double> peak, std::size_t rounds, std::mt19937_64& rng) {
     const kernels::Form form = size.form;  // (not a structured binding: Clang 14 cannot capture one in a lambda)
     const std::size_t m = size.m, n = size.n, k = size.k;
@@ -101,14 +107,27 @@ void bench(const Size& size, std::optional<double> peak, std::size_t rounds, std
     std::vector<std::uint16_t> A16(A.size()), B16(B.size());
     for (std::size_t x = 0; x < A.size(); ++x) A16[x] = bfloat16_bits(A[x]);
     for (std::size_t x = 0; x < B.size(); ++x) B16[x] = bfloat16_bits(B[x]);
-    const std::vector<timing::Timing> t =
-        timing::alternate_timings({[&] { kernels::gemm_bf16(form, m, n, k, A16.data(), B16.data(), C.data(), false); },
-                                   [&] { kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false); }},
-                                  rounds, batch_seconds);
+    std::vector<std::function<void()>> contenders{
+        [&] { kernels::gemm_bf16(form, m, n, k, A16.data(), B16.data(), C.data(), false); },
+        [&] { kernels::gemm(form, m, n, k, A.data(), B.data(), C.data(), false); }};
+    const bool with_floats = bf16_arithmetic() == Bf16Arithmetic::fastest;
+    std::vector<std::uint16_t> a(A.size()), b(B.size());
+    if (with_floats) {
+        contenders.emplace_back([&] { kernels::gemm_bf16(form, m, n, k, A.data(), B.data(), C.data(), false); });
+        contenders.emplace_back([&] {
+            kernels::round_to_bf16(A.data(), A.size(), a.data());
+            kernels::round_to_bf16(B.data(), B.size(), b.data());
+            kernels::gemm_bf16(form, m, n, k, a.data(), b.data(), C.data(), false);
+        });
+    }
+    const std::vector<timing::Timing> t = timing::alternate_timings(contenders, rounds, batch_seconds);
     const double flops = 2.0 * double(m) * double(n) * double(k), gflops = flops / t[0].median_us / 1e3;
-    fmt::print("bf16 cpu={} arithmetic={} form={} m={} n={} k={} gflops={:.1f}{} float32_gflops={:.1f}\n",
+    const std::string floats = with_floats ? fmt::format(" of_floats_gflops={:.1f} rounded_copies_gflops={:.1f}",
+                                                         flops / t[2].median_us / 1e3, flops / t[3].median_us / 1e3)
+                                           : std::string();
+    fmt::print("bf16 cpu={} arithmetic={} form={} m={} n={} k={} gflops={:.1f}{} float32_gflops={:.1f}{}\n",
                cpu_level_name(cpu_level()), bf16_arithmetic_name(bf16_arithmetic()), form_name(form), m, n, k, gflops,
-               peak ? fmt::format(" peak_ratio={:.3f}", gflops / *peak) : "", flops / t[1].median_us / 1e3);
+               peak ? fmt::format(" peak_ratio={:.3f}", gflops / *peak) : "", flops / t[1].median_us / 1e3, floats);
 }
 
 }  // namespace

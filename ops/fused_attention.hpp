@@ -62,8 +62,10 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -114,6 +116,17 @@ struct FusedAttention {
 
 namespace fused_detail {
 
+/// A tile product's operand: its values, and the same values rounded to bfloat16 where the call
+/// rounded them ahead (bfloat16 tile products: Q, K, V and dO once per call, dS once per tile;
+/// Dims::read_once), null where the product rounds them as it packs them (P, read once).
+template <Scalar T>
+struct Operand {
+    const T* values;
+    const std::uint16_t* bf16 = nullptr;
+    /// The operand from element `offset` on.
+    Operand at(std::size_t offset) const { return {values + offset, bf16 == nullptr ? nullptr : bf16 + offset}; }
+};
+
 /// The sizes of one call, from the node's settings and its inputs.
 template <Scalar T>
 struct Dims {
@@ -140,18 +153,39 @@ struct Dims {
           op(op_name),
           products(tile_products) {}
 
-    /// A tile product C (+)= op(A)·op(B): in T, or, on a float tape under the bfloat16 policy
-    /// (fused_attention_bf16), A and B read in bfloat16 and summed in float32 as matmul_bf16 reads
-    /// and sums (kernels::gemm_bf16_of_floats).
-    void product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, const T* B, T* C,
+    /// Whether the tile products read bfloat16 (fused_attention_bf16 on a float tape).
+    bool bf16_products() const { return std::is_same_v<T, float> && products == ProductPrecision::bfloat16; }
+
+    /// A tile product C (+)= op(A)·op(B): in T, or, under bfloat16 tile products, A and B read in
+    /// bfloat16 (their rounded copies, or their floats rounded as the product packs them) and
+    /// summed in float32 as matmul_bf16 reads and sums (kernels::gemm_bf16).
+    void product(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, Operand<T> A, Operand<T> B, T* C,
                  bool accumulate) const {
         if constexpr (std::is_same_v<T, float>) {
-            if (products == ProductPrecision::bfloat16) {
-                kernels::gemm_bf16_of_floats(form, m, n, k, A, B, C, accumulate);
+            if (bf16_products()) {
+                kernels::gemm_bf16(form, m, n, k, bf16_operand(A), bf16_operand(B), C, accumulate);
                 return;
             }
         }
-        kernels::gemm(form, m, n, k, A, B, C, accumulate);
+        kernels::gemm(form, m, n, k, A.values, B.values, C, accumulate);
+    }
+
+    /// x[0, n) as the tile products read it: under bfloat16 tile products rounded once here into
+    /// `rounded`, so that no product reading it rounds it again; else as it is.
+    Operand<T> read_once(const T* x, std::size_t n, std::vector<std::uint16_t>& rounded) const {
+        if constexpr (std::is_same_v<T, float>) {
+            if (bf16_products()) {
+                rounded.resize(n);
+                kernels::round_to_bf16(x, n, rounded.data());
+                return {x, rounded.data()};
+            }
+        }
+        return {x};
+    }
+
+    /// A float operand as the bfloat16 product reads it: its rounded copy, else its floats.
+    static kernels::Bf16Operand bf16_operand(const Operand<float>& x) {
+        return x.bf16 != nullptr ? kernels::Bf16Operand(x.bf16) : kernels::Bf16Operand(x.values);
     }
 
     std::size_t query_tiles() const { return (Tq + tile_q - 1) / tile_q; }
@@ -184,6 +218,8 @@ struct Dims {
     auto head(Values& x, std::size_t b) const {
         return x.data().data() + b * (x.size() / batch);
     }
+    /// Head b's block of an input of `size` elements, as the tile products read it.
+    Operand<T> head(const Operand<T>& x, std::size_t size, std::size_t b) const { return x.at(b * (size / batch)); }
     /// Small work (under 1e6 multiply-adds) stays on one thread: set when starting threads cost
     /// ~20 µs a call; waking the pool's workers costs a few µs (not yet re-measured here).
     /// 0 lets parallel_for use the library's threads setting.
@@ -191,6 +227,31 @@ struct Dims {
         const double madds = double(batch) * double(Tq) * double(Tk) * double(d + r);
         return madds < 1e6 ? 1u : 0u;
     }
+};
+
+/// The call's inputs as its tile products read them: Q, K, V (and dO in the VJP), each rounded to
+/// bfloat16 once for the whole call under bfloat16 tile products (Dims::read_once), else as they are.
+template <Scalar T>
+class ProductInputs {
+public:
+    ProductInputs(const Dims<T>& dims, std::initializer_list<const Tensor<T>*> inputs) : dims_(dims) {
+        for (const Tensor<T>* x : inputs) {
+            sizes_[count_] = x->size();
+            all_[count_] = dims.read_once(x->data().data(), x->size(), rounded_[count_]);
+            ++count_;
+        }
+    }
+    ProductInputs(const ProductInputs&) = delete;  // all_ points into rounded_
+    ProductInputs& operator=(const ProductInputs&) = delete;
+    /// Head b's block of input `which` (0 Q, 1 K, 2 V, 3 dO).
+    Operand<T> head(std::size_t which, std::size_t b) const { return dims_.head(all_[which], sizes_[which], b); }
+
+private:
+    const Dims<T>& dims_;
+    std::size_t count_ = 0;
+    std::array<std::size_t, 4> sizes_{};
+    std::array<Operand<T>, 4> all_{};
+    std::array<std::vector<std::uint16_t>, 4> rounded_;
 };
 
 /// The keys of a tile a query row sees: tile columns [first, first + count).
@@ -201,11 +262,11 @@ struct SeenKeys {
 /// S = c·Q_i·K_jᵀ (+ ALiBi's bias) for query rows [i0, i0+bq) and keys [j0, j0+bk) of head b,
 /// checked finite on the visible part; `seen` gets, per row, the tile's keys the row sees.
 template <Scalar T>
-void scores(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, std::size_t i0, std::size_t bq,
+void scores(const Dims<T>& dims, std::size_t b, Operand<T> Q, Operand<T> K, std::size_t i0, std::size_t bq,
             std::size_t j0, std::size_t bk, std::vector<T>& S, std::vector<SeenKeys>& seen) {
     S.resize(bq * bk);
     seen.resize(bq);
-    dims.product(kernels::Form::abT, bq, bk, dims.d, Q + i0 * dims.d, K + j0 * dims.d, S.data(), false);
+    dims.product(kernels::Form::abT, bq, bk, dims.d, Q.at(i0 * dims.d), K.at(j0 * dims.d), S.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
         const std::size_t lo = std::clamp(dims.first_visible(i0 + i), j0, j0 + bk);
         const std::size_t hi = std::clamp(dims.visible(i0 + i), lo, j0 + bk);
@@ -256,8 +317,8 @@ void online_softmax_step(T* row, std::size_t bk, SeenKeys seen, T& m, T& l, T* a
 /// The forward of query rows [i0, i0 + tile) of head b: their rows of O (accumulated in place)
 /// and their log-sum-exps L.
 template <Scalar T>
-void attend_query_tile(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, const T* V, std::size_t i0, T* O,
-                       T* L) {
+void attend_query_tile(const Dims<T>& dims, std::size_t b, Operand<T> Q, Operand<T> K, Operand<T> V, std::size_t i0,
+                       T* O, T* L) {
     using std::log;
     const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
     T* const acc = O + i0 * dims.r;
@@ -271,7 +332,7 @@ void attend_query_tile(const Dims<T>& dims, std::size_t b, const T* Q, const T* 
         for (std::size_t i = 0; i < bq; ++i) {
             online_softmax_step(S.data() + i * bk, bk, seen[i], m[i], l[i], acc + i * dims.r, dims.r);
         }
-        dims.product(kernels::Form::ab, bq, dims.r, bk, S.data(), V + j0 * dims.r, acc, true);
+        dims.product(kernels::Form::ab, bq, dims.r, bk, {S.data()}, V.at(j0 * dims.r), acc, true);
     }
     for (std::size_t i = 0; i < bq; ++i) {  // every row saw a key (its largest score gave 1), so l >= 1
         for (std::size_t k = 0; k < dims.r; ++k) acc[i * dims.r + k] /= l[i];
@@ -281,7 +342,7 @@ void attend_query_tile(const Dims<T>& dims, std::size_t b, const T* Q, const T* 
 
 /// Recomputes P = exp(S − L) on a tile (zero where hidden), from head b's saved log-sum-exps.
 template <Scalar T>
-void probabilities(const Dims<T>& dims, std::size_t b, const T* Q, const T* K, const T* L, std::size_t i0,
+void probabilities(const Dims<T>& dims, std::size_t b, Operand<T> Q, Operand<T> K, const T* L, std::size_t i0,
                    std::size_t bq, std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<SeenKeys>& seen) {
     scores(dims, b, Q, K, i0, bq, j0, bk, P, seen);
     for (std::size_t i = 0; i < bq; ++i) {
@@ -306,10 +367,10 @@ std::vector<T> softmax_row_means(const Tensor<T>& dO, const Tensor<T>& O, std::s
 /// c·dS = c·P ∘ (dP − D) on a tile (so dS·K and dSᵀ·Q are already dQ's and dK's terms), with
 /// dP = dO_i·V_jᵀ; dO, V and D are one head's. P is overwritten with c·dS.
 template <Scalar T>
-void score_gradient(const Dims<T>& dims, const T* dO, const T* V, const T* D, std::size_t i0, std::size_t bq,
+void score_gradient(const Dims<T>& dims, Operand<T> dO, Operand<T> V, const T* D, std::size_t i0, std::size_t bq,
                     std::size_t j0, std::size_t bk, std::vector<T>& P, std::vector<T>& dP) {
     dP.resize(bq * bk);
-    dims.product(kernels::Form::abT, bq, bk, dims.r, dO + i0 * dims.r, V + j0 * dims.r, dP.data(), false);
+    dims.product(kernels::Form::abT, bq, bk, dims.r, dO.at(i0 * dims.r), V.at(j0 * dims.r), dP.data(), false);
     for (std::size_t i = 0; i < bq; ++i) {
         score_gradient_row(P.data() + i * bk, dP.data() + i * bk, bk, D[i0 + i], dims.c);
     }
@@ -348,12 +409,13 @@ void attend(const Dims<T>& dims, Inputs<T> in, Tensor<T>& O, Tensor<T>& saved) {
     O.resize(in[0]->shape().with_matrix(dims.Tq, dims.r));
     saved.resize(Shape{dims.batch * dims.Tq});
     const std::size_t tiles = dims.query_tiles();
+    const ProductInputs<T> inputs(dims, {in[0], in[1], in[2]});
     parallel_for(
         dims.batch * tiles,
         [&](std::size_t item, unsigned) {
             const std::size_t b = item / tiles, i0 = (item % tiles) * dims.tile_q;
-            attend_query_tile(dims, b, dims.head(*in[0], b), dims.head(*in[1], b), dims.head(*in[2], b), i0,
-                              dims.head(O, b), dims.head(saved, b));
+            attend_query_tile(dims, b, inputs.head(0, b), inputs.head(1, b), inputs.head(2, b), i0, dims.head(O, b),
+                              dims.head(saved, b));
         },
         dims.max_threads());
 }
@@ -379,28 +441,31 @@ void backward(const Dims<T>& dims, const VjpArgs<T>& at, std::span<Tensor<T>* co
     // ticket[b·query_tiles + it]: the key tile whose dQ term query tile it takes next.
     std::vector<std::atomic<std::size_t>> ticket(dQ != nullptr ? dims.batch * query_tiles : 0);
     for (std::size_t t = 0; t < ticket.size(); ++t) ticket[t] = dims.key_tile_begin(t % query_tiles * dims.tile_q);
+    const ProductInputs<T> inputs(dims, {at.in[0], at.in[1], at.in[2], &at.G});
     const auto key_tile = [&](std::size_t b, std::size_t jt) {
         const std::size_t j0 = jt * dims.tile_k, bk = std::min(dims.tile_k, dims.Tk - j0);
-        const T *const Q = dims.head(*at.in[0], b), *const K = dims.head(*at.in[1], b);
-        const T *const V = dims.head(*at.in[2], b), *const dO = dims.head(at.G, b), *const L = dims.head(at.saved, b);
+        const Operand<T> Q = inputs.head(0, b), K = inputs.head(1, b), V = inputs.head(2, b), dO = inputs.head(3, b);
+        const T* const L = dims.head(at.saved, b);
         T* const dK_j = dK ? dims.head(*dK, b) + j0 * dims.d : nullptr;
         T* const dV_j = dV ? dims.head(*dV, b) + j0 * dims.r : nullptr;
         if (dK_j) std::fill(dK_j, dK_j + bk * dims.d, T(0));
         if (dV_j) std::fill(dV_j, dV_j + bk * dims.r, T(0));
         std::vector<T> P, dP;
+        std::vector<std::uint16_t> rounded_dS;
         std::vector<SeenKeys> seen;
         for (std::size_t i0 = dims.first_query_tile(j0); i0 < dims.Tq && dims.sees_keys_before(i0, j0 + bk);
              i0 += dims.tile_q) {
             const std::size_t bq = std::min(dims.tile_q, dims.Tq - i0);
             probabilities(dims, b, Q, K, L, i0, bq, j0, bk, P, seen);
-            if (dV_j) dims.product(kernels::Form::aTb, bk, dims.r, bq, P.data(), dO + i0 * dims.r, dV_j, true);
+            if (dV_j) dims.product(kernels::Form::aTb, bk, dims.r, bq, {P.data()}, dO.at(i0 * dims.r), dV_j, true);
             if (!need_dS) continue;
             score_gradient(dims, dO, V, D.data() + b * dims.Tq, i0, bq, j0, bk, P, dP);
-            if (dK_j) dims.product(kernels::Form::aTb, bk, dims.d, bq, P.data(), Q + i0 * dims.d, dK_j, true);
+            const Operand<T> dS = dims.read_once(P.data(), bq * bk, rounded_dS);  // P now holds c·dS
+            if (dK_j) dims.product(kernels::Form::aTb, bk, dims.d, bq, dS, Q.at(i0 * dims.d), dK_j, true);
             if (dQ == nullptr) continue;
             const auto add_dQ = [&] {
-                dims.product(kernels::Form::ab, bq, dims.d, bk, P.data(), K + j0 * dims.d,
-                             dims.head(*dQ, b) + i0 * dims.d, true);
+                dims.product(kernels::Form::ab, bq, dims.d, bk, dS, K.at(j0 * dims.d), dims.head(*dQ, b) + i0 * dims.d,
+                             true);
             };
             if (!add_in_turn(ticket[b * query_tiles + i0 / dims.tile_q], jt, add_dQ)) return;
         }

@@ -8,7 +8,8 @@
 /// tape computes it, not part of it. On a Tape<float>: each of the seven tile products (the
 /// forward's S = Q_i·K_jᵀ and P·V_j; the VJP's S again, dP = dO_i·V_jᵀ, Pᵀ·dO_i, dSᵀ·Q_i, dS·K_j)
 /// reads its two operands rounded to bfloat16 (nearest, ties to even) and sums in float32
-/// (kernels::gemm_bf16_of_floats: vdpbf16ps where the CPU has AVX512_BF16, widened elsewhere);
+/// (kernels::gemm_bf16: vdpbf16ps where the CPU has AVX512_BF16, widened elsewhere); Q, K, V and
+/// dO are rounded once per call and dS once per tile, not once per product (Dims::read_once);
 /// everything between the products (the scale, exp, the running max and sum l, D, dS's
 /// elementwise formula) stays float32. So P is rounded where it meets V and dO, but l sums the
 /// unrounded P: the same split FlashAttention makes in bfloat16. On every other scalar type (double,

@@ -6,7 +6,7 @@
 ///   shapes as matmul: A [..., m, k] · B [..., k, n] or B [k, n] -> C [..., m, n]
 /// The function is the product itself, C = A·B; bfloat16 is how a float tape computes it, not part
 /// of it. On a Tape<float>: A and B rounded to bfloat16 (nearest, ties to even:
-/// bfloat16_from_float), their products summed in float32 (kernels::gemm_bf16: vdpbf16ps where the
+/// bfloat16_from_float, as the product packs them), their products summed in float32 (kernels::gemm_bf16: vdpbf16ps where the
 /// CPU has AVX512_BF16; elsewhere widened to float32 and multiplied by the float32 product, or
 /// vdpbf16ps emulated exactly under TAPEGRAD_BF16=vdpbf16ps), C kept in float32. On every other scalar
 /// type (double, 50 digits, duals): the exact product, matmul's, which is what a check re-runs
@@ -47,10 +47,10 @@ struct MatMulBf16 {
             MatMul::forward<T>(s, in, C, saved);
         } else {
             const MatMul::Dims d = MatMul::dims(*in[0], *in[1]);
-            const Bf16Copy a = rounded(*in[0]), b = rounded(*in[1]);
+            const float *const a = in[0]->data().data(), *const b = in[1]->data().data();
             C.resize(in[0]->shape().with_matrix(in[0]->rows(), in[1]->cols()));
             for (std::size_t n = 0; n < d.batch; ++n) {
-                kernels::gemm_bf16(kernels::Form::ab, d.m, d.n, d.k, a.get() + n * d.m * d.k, b.get() + n * d.k * d.n,
+                kernels::gemm_bf16(kernels::Form::ab, d.m, d.n, d.k, a + n * d.m * d.k, b + n * d.k * d.n,
                                    C.data().data() + n * d.m * d.n, false);
             }
         }
@@ -62,19 +62,19 @@ struct MatMulBf16 {
             MatMul::vjp_all<T>(s, at, grads);
         } else {
             const MatMul::Dims d = MatMul::dims(*at.in[0], *at.in[1]);
-            const Bf16Copy G = rounded(at.G);
+            const float* const G = at.G.data().data();
             if (Tensor<float>* dA = grads[0]; dA != nullptr) {  // dA = G·Bᵀ
-                const Bf16Copy b = rounded(*at.in[1]);
+                const float* const b = at.in[1]->data().data();
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G.get() + n * d.m * d.n,
-                                       b.get() + n * d.k * d.n, dA->data().data() + n * d.m * d.k, false);
+                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G + n * d.m * d.n, b + n * d.k * d.n,
+                                       dA->data().data() + n * d.m * d.k, false);
                 }
             }
             if (Tensor<float>* dB = grads[1]; dB != nullptr) {  // dB = Aᵀ·G
-                const Bf16Copy a = rounded(*at.in[0]);
+                const float* const a = at.in[0]->data().data();
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a.get() + n * d.m * d.k,
-                                       G.get() + n * d.m * d.n, dB->data().data() + n * d.k * d.n, false);
+                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a + n * d.m * d.k, G + n * d.m * d.n,
+                                       dB->data().data() + n * d.k * d.n, false);
                 }
             }
         }
@@ -83,16 +83,6 @@ struct MatMulBf16 {
     template <Scalar T>
     static OpCost cost(const Settings& s, Inputs<T> in) {
         return MatMul::cost<T>(s, in);
-    }
-
-private:
-    /// The bfloat16 copy a product reads (kernels::round_to_bf16: bfloat16_from_float, vectorised),
-    /// in a buffer not zeroed first (every element is written).
-    using Bf16Copy = std::unique_ptr<std::uint16_t[]>;
-    static Bf16Copy rounded(const Tensor<float>& x) {
-        Bf16Copy bits = std::make_unique_for_overwrite<std::uint16_t[]>(x.size());
-        kernels::round_to_bf16(x.data().data(), x.size(), bits.get());
-        return bits;
     }
 };
 

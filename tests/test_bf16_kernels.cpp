@@ -17,7 +17,8 @@
 // gemm<float> of the widened operands, within its own bound, with IEEE's subnormals (each
 // documented outcome that differs from vdpbf16ps's, so each arithmetic is shown to be the one
 // running), on any number of threads; fastest is vdpbf16ps itself at the avx512_bf16 level; and
-// TAPEGRAD_BF16 chooses at start-up (its CTest reruns, tests/CMakeLists.txt).
+// TAPEGRAD_BF16 chooses at start-up (its CTest reruns, tests/CMakeLists.txt). Operands given as
+// floats (rounded as the product packs them): the bits of the product of their rounded copies.
 #define BOOST_TEST_MODULE bf16_kernels
 #include "support.hpp"
 #include "tally.hpp"
@@ -31,6 +32,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 using namespace tapegrad;
@@ -280,6 +282,31 @@ std::vector<float> special_float_draws(std::size_t count, std::mt19937_64& rng) 
     return x;
 }
 
+// An operand's n elements as bfloat16 bit patterns: its own, or its floats rounded (bfloat16_from_float).
+std::vector<std::uint16_t> bits_of(kernels::Bf16Operand x, std::size_t n) {
+    if (x.bits() != nullptr) return {x.bits(), x.bits() + n};
+    std::vector<std::uint16_t> bits(n);
+    for (std::size_t i = 0; i < n; ++i) bits[i] = bfloat16_from_float(x.floats()[i]);
+    return bits;
+}
+
+// Floats whose rounding to bfloat16 bites: a special_bf16_draws value's bits as the high half, and
+// a low half that makes a tie (0x8000: to even, so up or down by the kept bit; on 0x7f7f, the
+// largest, up to inf; on a fraction of all ones, a carry into the exponent), falls just either side
+// of one (0x7fff, 0x8001), is exact (0), or is anything (a NaN on inf's high half, a subnormal on
+// zero's).
+std::vector<float> rounding_float_draws(std::size_t count, std::mt19937_64& rng) {
+    constexpr std::array<std::uint32_t, 4> lows{0x8000u, 0x7fffu, 0x8001u, 0u};
+    const std::vector<std::uint16_t> high = special_bf16_draws(count, rng);
+    std::vector<float> x(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        const std::uint64_t draw = rng();
+        const std::uint32_t low = draw % 5 < 4 ? lows[draw % 5] : std::uint32_t(draw >> 32) & 0xffffu;
+        x[i] = std::bit_cast<float>(std::uint32_t{high[i]} << 16 | low);
+    }
+    return x;
+}
+
 // A 1 × 1 product of k = A.size() as autodiff/kernels.hpp documents its outcome, at the active level.
 float one_element(std::vector<std::uint16_t> A, std::vector<std::uint16_t> B, float C, bool accumulate) {
     kernels::gemm_bf16(Form::ab, 1, 1, A.size(), A.data(), B.data(), &C, accumulate);
@@ -392,6 +419,45 @@ BOOST_AUTO_TEST_CASE(threads_change_no_bit) {
         }
 }
 
+// Floats rounded as the product packs them (a Bf16Operand of floats): the bits of the product of
+// their rounded copies, with A, B or both given as floats, in every form and both arithmetics, at
+// every swept size (the tiles' and cache blocks' remainders, k odd and even, the native level's A
+// rows read in place or packed) and two that split over threads, with and without accumulate, on
+// floats that round by ties both ways, to inf, by a carry, or are NaN, ±inf, subnormal or negative.
+BOOST_AUTO_TEST_CASE(floats_rounded_as_packed_give_the_bits_of_their_rounded_copies) {
+    std::mt19937_64 rng(56);
+    std::vector<std::array<std::size_t, 3>> sizes = swept_sizes();
+    sizes.push_back({256, 128, 130});
+    sizes.push_back({64, 600, 121});
+    for (const Bf16Arithmetic arithmetic : all_bf16_arithmetics) {
+        const testing::UseBf16Arithmetic use(arithmetic);
+        Tally tally;
+        for (const Form form : forms)
+            for (std::size_t s = 0; s < sizes.size(); ++s) {
+                const auto [m, n, k] = sizes[s];
+                const std::vector<float> A = rounding_float_draws(m * k, rng), B = rounding_float_draws(k * n, rng);
+                const std::vector<std::uint16_t> A16 = bits_of(A.data(), A.size()), B16 = bits_of(B.data(), B.size());
+                const std::vector<float> C0 = special_float_draws(m * n, rng);
+                const bool accumulate = s % 2 == 0;
+                std::vector<float> expected = C0;
+                kernels::gemm_bf16(form, m, n, k, A16.data(), B16.data(), expected.data(), accumulate);
+                for (const auto& [name, a, b] :
+                     {std::tuple{"A floats", kernels::Bf16Operand(A.data()), kernels::Bf16Operand(B16.data())},
+                      std::tuple{"B floats", kernels::Bf16Operand(A16.data()), kernels::Bf16Operand(B.data())},
+                      std::tuple{"both floats", kernels::Bf16Operand(A.data()), kernels::Bf16Operand(B.data())}}) {
+                    std::vector<float> C = C0;
+                    kernels::gemm_bf16(form, m, n, k, a, b, C.data(), accumulate);
+                    for (std::size_t x = 0; x < C.size(); ++x)
+                        tally.expect(same(C[x], expected[x]),
+                                     fmt::format("{}, form {} m={} n={} k={} at {}: {} instead of {}", name, int(form),
+                                                 m, n, k, x, bits(C[x]), bits(expected[x])));
+                }
+            }
+        BOOST_TEST_MESSAGE(fmt::format("{}: {} comparisons", bf16_arithmetic_name(arithmetic), tally.comparisons));
+        BOOST_TEST(tally.failures == 0u, bf16_arithmetic_name(arithmetic) << ": " << tally.summary());
+    }
+}
+
 namespace {
 
 // ---- Fault controls: kernels that keep bfloat16 where the definition keeps float32 --------------
@@ -404,10 +470,9 @@ float step_accumulating_in_bf16(float c, float a, float b) { return value(bfloat
 
 // A kernel of the table's signature that computes each element of the block with `step`.
 template <Step step>
-void scalar_kernel(Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
-                   const std::uint16_t* B, float* C, bool accumulate, kernels::Block block) {
-    const Operands op{
-        form, m, n, k, std::vector<std::uint16_t>(A, A + m * k), std::vector<std::uint16_t>(B, B + k * n)};
+void scalar_kernel(Form form, std::size_t m, std::size_t n, std::size_t k, kernels::Bf16Operand A,
+                   kernels::Bf16Operand B, float* C, bool accumulate, kernels::Block block) {
+    const Operands op{form, m, n, k, bits_of(A, m * k), bits_of(B, k * n)};
     for (std::size_t i = block.first_row; i < block.first_row + block.rows; ++i)
         for (std::size_t j = block.first_col; j < block.first_col + block.cols; ++j)
             C[i * n + j] = reference_element(op, i, j, C[i * n + j], accumulate, step);

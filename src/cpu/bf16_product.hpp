@@ -8,6 +8,7 @@
 #pragma once
 
 #include "autodiff/cpu.hpp"
+#include "autodiff/low_precision.hpp"
 
 #include <algorithm>
 #include <array>
@@ -27,18 +28,22 @@ namespace {
 constexpr std::size_t bf16_block_pairs = 256, bf16_block_rows = 192, bf16_block_cols = 1024;
 
 // An operand seen as lanes × k, the lanes being the rows of op(A) or the columns of op(B):
-// element (l, p) at x[l * lane_stride + p * k_stride], one of the two strides 1.
+// element (l, p) at x[l * lane_stride + p * k_stride], one of the two strides 1. Src is the
+// operand's element: bfloat16 bit patterns, or floats rounded as they are packed (round_run).
+template <class Src>
 struct Bf16Lanes {
-    const std::uint16_t* x;
+    const Src* x;
     std::size_t lane_stride, k_stride;
 };
 
-inline Bf16Lanes rows_of_a(kernels::Form form, std::size_t m, std::size_t k, const std::uint16_t* A) {
-    return form == kernels::Form::aTb ? Bf16Lanes{A, 1, m} : Bf16Lanes{A, k, 1};
+template <class Src>
+Bf16Lanes<Src> rows_of_a(kernels::Form form, std::size_t m, std::size_t k, const Src* A) {
+    return form == kernels::Form::aTb ? Bf16Lanes<Src>{A, 1, m} : Bf16Lanes<Src>{A, k, 1};
 }
 
-inline Bf16Lanes columns_of_b(kernels::Form form, std::size_t n, std::size_t k, const std::uint16_t* B) {
-    return form == kernels::Form::abT ? Bf16Lanes{B, k, 1} : Bf16Lanes{B, 1, n};
+template <class Src>
+Bf16Lanes<Src> columns_of_b(kernels::Form form, std::size_t n, std::size_t k, const Src* B) {
+    return form == kernels::Form::abT ? Bf16Lanes<Src>{B, k, 1} : Bf16Lanes<Src>{B, 1, n};
 }
 
 // Pairs as the tiles read them: pair q of lane l is the two bfloat16 at x[l * lane + q * pair]
@@ -79,18 +84,36 @@ inline void interleave_pairs(const std::uint16_t* __restrict even, const std::ui
     }
 }
 
+// n floats rounded to bfloat16 (nearest even, bfloat16_from_float) into `to`: one plain loop, which
+// the compiler vectorises at the level's width (rounding inside the packing loops, a pair at a
+// time, ran at a fraction of that: perf, docs/performance.md, 2026-12-07, second session).
+inline void round_run(const float* __restrict from, std::size_t n, std::uint16_t* __restrict to) {
+    for (std::size_t e = 0; e < n; ++e) to[e] = bfloat16_from_float(from[e]);
+}
+
+// Bit patterns as they are, or a run of floats rounded into `rounded` first (n elements).
+inline const std::uint16_t* bits_of_run(const std::uint16_t* x, std::size_t, std::uint16_t*) { return x; }
+inline const std::uint16_t* bits_of_run(const float* x, std::size_t n, std::uint16_t* rounded) {
+    round_run(x, n, rounded);
+    return rounded;
+}
+
 constexpr std::size_t round_up(std::size_t x, std::size_t step) { return (x + step - 1) / step * step; }
 
 // pack_bf16's loop for pairs whose halves lie in two rows (lane_stride 1): row by row across every
 // panel, whole panels of Panel lanes interleaved with the count known when compiling, then the last
 // panel when it is narrower, `last_width` wide.
-template <std::size_t Panel>
-void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, std::size_t last_width, std::size_t q0,
-                   std::size_t pairs, std::size_t whole, std::uint16_t* out) {
+template <std::size_t Panel, class Src>
+void pack_two_rows(const Bf16Lanes<Src>& op, std::size_t first, std::size_t lanes, std::size_t last_width,
+                   std::size_t q0, std::size_t pairs, std::size_t whole, std::uint16_t* out) {
     const std::size_t full = lanes / Panel * Panel;  // the lanes of the whole panels
+    // Two rows of floats rounded (lanes <= a block's rows or columns).
+    std::array<std::uint16_t, 2 * std::max(bf16_block_rows, bf16_block_cols)> rounded;
     for (std::size_t q = 0; q < pairs; ++q) {
-        const std::uint16_t* even = op.x + 2 * (q0 + q) * op.k_stride + first;
-        const std::uint16_t* odd = q < whole ? even + op.k_stride : nullptr;
+        const Src* const even_row = op.x + 2 * (q0 + q) * op.k_stride + first;
+        const std::uint16_t* even = bits_of_run(even_row, lanes, rounded.data());
+        const std::uint16_t* odd =
+            q < whole ? bits_of_run(even_row + op.k_stride, lanes, rounded.data() + lanes) : nullptr;
         for (std::size_t p = 0; p < full; p += Panel)
             interleave_pairs<Panel>(even + p, odd == nullptr ? nullptr : odd + p, out + 2 * (p * pairs + q * Panel),
                                     Panel);
@@ -109,17 +132,19 @@ void pack_two_rows(const Bf16Lanes& op, std::size_t first, std::size_t lanes, st
 // interleaved, row by row across every panel, so that each row is read once and in order; a panel
 // at a time, each row's cache lines were read again for every panel, and the packing took a third
 // of Xᵀ·dY's time, perf).
-template <std::size_t Panel>
-void pack_bf16(const Bf16Lanes& op, std::size_t k, std::size_t first, std::size_t lanes, std::size_t align,
+template <std::size_t Panel, class Src>
+void pack_bf16(const Bf16Lanes<Src>& op, std::size_t k, std::size_t first, std::size_t lanes, std::size_t align,
                std::size_t q0, std::size_t pairs, std::uint16_t* out) {
     const bool half_last = 2 * (q0 + pairs) > k;  // k odd, and its last pair among these
     const std::size_t whole = pairs - (half_last ? 1 : 0);
     const auto width_at = [&](std::size_t p) { return std::min(Panel, round_up(lanes - p, align)); };
     if (op.k_stride == 1) {
+        std::array<std::uint16_t, 2 * bf16_block_pairs> rounded;  // a lane of floats rounded
         for (std::size_t l = 0; l < lanes; ++l) {
             const std::size_t p = l / Panel * Panel, width = width_at(p);
             std::uint16_t* const to = out + 2 * (p * pairs + l - p);
-            const std::uint16_t* from = op.x + (first + l) * op.lane_stride + 2 * q0;
+            const std::uint16_t* const from = bits_of_run(op.x + (first + l) * op.lane_stride + 2 * q0,
+                                                          2 * whole + (half_last ? 1 : 0), rounded.data());
             for (std::size_t q = 0; q < whole; ++q) std::memcpy(to + 2 * q * width, from + 2 * q, 2 * sizeof *from);
             if (half_last) store_pair(to + 2 * whole * width, from[2 * whole], 0);
         }
@@ -166,13 +191,26 @@ void bf16_tile(std::size_t pairs, const Bf16Pairs& a, const std::uint16_t* b, fl
 }
 
 // Where a tile of rows [i, i + rows) finds its pairs [q0, q0 + pairs): in op(A) itself when each
-// row's pairs lie side by side there and whole (k even) for all Tile::rows rows; else packed
-// into `packed`.
-template <class Tile>
-Bf16Pairs rows_for_tile(const Bf16Lanes& a_rows, std::size_t k, std::size_t i, std::size_t rows, std::size_t q0,
+// row's pairs lie side by side there as bit patterns and whole (k even) for all Tile::rows rows;
+// for floats whose rows' pairs lie side by side, rounded into `packed` in the same layout (each row
+// in one loop the compiler vectorises; +0 past k and in rows past the operand); else packed into
+// `packed`.
+template <class Tile, class Src>
+Bf16Pairs rows_for_tile(const Bf16Lanes<Src>& a_rows, std::size_t k, std::size_t i, std::size_t rows, std::size_t q0,
                         std::size_t pairs, std::uint16_t* packed) {
-    if (a_rows.k_stride == 1 && k % 2 == 0 && rows == Tile::rows) {
-        return {a_rows.x + i * a_rows.lane_stride + 2 * q0, a_rows.lane_stride, 2};
+    if constexpr (std::is_same_v<Src, std::uint16_t>) {
+        if (a_rows.k_stride == 1 && k % 2 == 0 && rows == Tile::rows) {
+            return {a_rows.x + i * a_rows.lane_stride + 2 * q0, a_rows.lane_stride, 2};
+        }
+    } else if (a_rows.k_stride == 1) {
+        const std::size_t count = std::min(2 * pairs, k - 2 * q0);  // the elements this block reads per row
+        for (std::size_t r = 0; r < Tile::rows; ++r) {
+            std::uint16_t* const to = packed + 2 * r * pairs;
+            const std::size_t written = r < rows ? count : 0;
+            if (r < rows) round_run(a_rows.x + (i + r) * a_rows.lane_stride + 2 * q0, count, to);
+            std::fill(to + written, to + 2 * pairs, std::uint16_t{0});
+        }
+        return {packed, 2 * pairs, 2};
     }
     pack_bf16<Tile::rows>(a_rows, k, i, rows, Tile::rows, q0, pairs, packed);
     return {packed, 2, 2 * Tile::rows};
@@ -181,10 +219,10 @@ Bf16Pairs rows_for_tile(const Bf16Lanes& a_rows, std::size_t k, std::size_t i, s
 // One block of C (rows × cols at C, leading dimension ldc) over pairs [q0, q0 + pairs): op(B)'s
 // columns packed once into panels of Tile::vectors vectors (the last one narrower), then, row
 // block by row block, the tiles, column panel by column panel down the row block.
-template <class Tile>
-void bf16_block(const Bf16Lanes& a_rows, const Bf16Lanes& b_cols, std::size_t k, std::size_t i0, std::size_t j0,
-                std::size_t rows, std::size_t cols, std::size_t q0, std::size_t pairs, float* C, std::size_t ldc,
-                bool start_from_zero, std::uint16_t* a, std::uint16_t* b) {
+template <class Tile, class SrcA, class SrcB>
+void bf16_block(const Bf16Lanes<SrcA>& a_rows, const Bf16Lanes<SrcB>& b_cols, std::size_t k, std::size_t i0,
+                std::size_t j0, std::size_t rows, std::size_t cols, std::size_t q0, std::size_t pairs, float* C,
+                std::size_t ldc, bool start_from_zero, std::uint16_t* a, std::uint16_t* b) {
     constexpr std::size_t panel_cols = 16 * Tile::vectors;
     pack_bf16<panel_cols>(b_cols, k, j0, cols, 16, q0, pairs, b);
     std::array<Bf16Pairs, round_up(bf16_block_rows, Tile::rows) / Tile::rows> row_pairs;
@@ -207,18 +245,19 @@ void bf16_block(const Bf16Lanes& a_rows, const Bf16Lanes& b_cols, std::size_t k,
     }
 }
 
-// The block kernel of EngineKernels<float>::gemm_bf16_block for a level's Tile: C's block cut
-// into blocks of columns and of pairs of k (each pair block continuing from the C the previous
-// one left), each computed by bf16_block.
-template <class Tile>
-void gemm_bf16_block(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const std::uint16_t* A,
-                     const std::uint16_t* B, float* C, bool accumulate, kernels::Block block) {
+// gemm_bf16_block for operands of elements SrcA and SrcB: C's block cut into blocks of columns
+// and of pairs of k (each pair block continuing from the C the previous one left), each computed
+// by bf16_block.
+template <class Tile, class SrcA, class SrcB>
+void gemm_bf16_block_of(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, const SrcA* A, const SrcB* B,
+                        float* C, bool accumulate, kernels::Block block) {
     if (k == 0) {  // no step: C stays, or is +0
         for (std::size_t i = block.first_row; i < block.first_row + block.rows && !accumulate; ++i)
             std::fill_n(C + i * n + block.first_col, block.cols, 0.0f);
         return;
     }
-    const Bf16Lanes a_rows = rows_of_a(form, m, k, A), b_cols = columns_of_b(form, n, k, B);
+    const auto a_rows = rows_of_a(form, m, k, A);
+    const auto b_cols = columns_of_b(form, n, k, B);
     const std::size_t all_pairs = (k + 1) / 2, most_pairs = std::min(bf16_block_pairs, all_pairs);
     PackedBf16 a(2 * round_up(std::min(bf16_block_rows, block.rows), Tile::rows) * most_pairs);
     PackedBf16 b(2 * round_up(std::min(bf16_block_cols, block.cols), 16 * Tile::vectors) * most_pairs);
@@ -230,6 +269,25 @@ void gemm_bf16_block(kernels::Form form, std::size_t m, std::size_t n, std::size
                              C + block.first_row * n + block.first_col + j, n, q0 == 0 && !accumulate, a.data(),
                              b.data());
         }
+}
+
+// The block kernel of EngineKernels<float>::gemm_bf16_block for a level's Tile: each operand's
+// kind (bit patterns, or floats rounded as they are packed) chooses gemm_bf16_block_of's.
+template <class Tile>
+void gemm_bf16_block(kernels::Form form, std::size_t m, std::size_t n, std::size_t k, kernels::Bf16Operand A,
+                     kernels::Bf16Operand B, float* C, bool accumulate, kernels::Block block) {
+    const auto with_a = [&](const auto* a) {
+        if (B.bits() != nullptr) {
+            gemm_bf16_block_of<Tile>(form, m, n, k, a, B.bits(), C, accumulate, block);
+        } else {
+            gemm_bf16_block_of<Tile>(form, m, n, k, a, B.floats(), C, accumulate, block);
+        }
+    };
+    if (A.bits() != nullptr) {
+        with_a(A.bits());
+    } else {
+        with_a(A.floats());
+    }
 }
 
 // ---- The emulation (levels without AVX512_BF16) ------------------------------------------------
