@@ -5,9 +5,9 @@
 /// calls it by name.
 ///   shapes as matmul: A [..., m, k] · B [..., k, n] or B [k, n] -> C [..., m, n]
 /// The function is the product itself, C = A·B; bfloat16 is how a float tape computes it, not part
-/// of it. On a Tape<float>: A and B rounded to bfloat16 (nearest, ties to even:
-/// bfloat16_from_float, as the product packs them), their products summed in float32 (kernels::gemm_bf16: vdpbf16ps where the
-/// CPU has AVX512_BF16; elsewhere widened to float32 and multiplied by the float32 product, or
+/// of it. On a Tape<float>: A and B rounded to bfloat16 (nearest, ties to even: bfloat16_from_float,
+/// as the product packs them), their products summed in float32 (kernels::gemm_bf16: vdpbf16ps where
+/// the CPU has AVX512_BF16; elsewhere widened to float32 and multiplied by the float32 product, or
 /// vdpbf16ps emulated exactly under TAPEGRAD_BF16=vdpbf16ps), C kept in float32. On every other scalar
 /// type (double, 50 digits, duals): the exact product, matmul's, which is what a check re-runs
 /// and what the precision audit holds the bfloat16 run to.
