@@ -116,7 +116,7 @@ using Bf16GemmBlock = void (*)(Form form, std::size_t m, std::size_t n, std::siz
                                float* C, bool accumulate, Block block);
 /// x[0..n) rounded to bfloat16 into out[0..n) (bit patterns), to nearest even as
 /// autodiff/low_precision.hpp's bfloat16_from_float rounds, the same bits at every level: the
-/// copies the bfloat16 products read (ops/matmul_bf16.hpp).
+/// copies fused_attention_bf16 rounds once per call and the widened product widens.
 using RoundToBf16 = void (*)(const float* x, std::size_t n, std::uint16_t* out);
 /// The place, in a table of another type, of a kernel only one type's table has (the bfloat16
 /// product is float's: the double table has none to call).
