@@ -377,17 +377,13 @@ constexpr auto bf16_product_for() {
     }
 }
 
-// Floats rounded to bfloat16 by bfloat16_from_float's integer steps, which the compiler
-// vectorises at this level's width (avx512_bf16 reuses avx512's: its vcvtneps2bf16 flushes
-// subnormals, which this rounding keeps).
-void round_floats_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
-    for (std::size_t k = 0; k < n; ++k) out[k] = bfloat16_from_float(x[k]);
-}
-
+// Floats rounded to bfloat16: the packing's round_run (src/cpu/bf16_product.hpp), bfloat16_from_float's
+// integer steps, which the compiler vectorises at this level's width (avx512_bf16 reuses avx512's:
+// its vcvtneps2bf16 flushes subnormals, which this rounding keeps).
 template <class T>
 constexpr auto bf16_rounding_for() {
     if constexpr (std::is_same_v<T, float>) {
-        return &round_floats_to_bf16;
+        return &round_run;
     } else {
         return kernels::Absent{};
     }
