@@ -378,6 +378,9 @@ private:
     /// The one place gradients meet: contributions add, so a value used by several ops (X feeding
     /// Q, K and V) receives the sum of its branches.
     void accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution);
+    /// Its message, out of line, so that accumulate stays small enough to inline.
+    [[noreturn]] static void throw_vjp_shape(std::string_view op, std::uint32_t slot, const Shape& given,
+                                             const Shape& input);
 
     /// `slot` >= 0 appends the input number to `what`; the message is only built when it is thrown.
     /// What a NaN message calls a leaf created without a label.
@@ -385,7 +388,22 @@ private:
     /// Tensors up to this size are scanned for NaN inline, larger ones by the compiled kernel.
     static constexpr std::size_t inline_scan_size = 16;
 
-    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1);
+    /// A small float or double tensor (a scalar node) is scanned at the call, in the header: the
+    /// call to the out-of-line scan cost more than its few compares (the tape's cost per node, 545
+    /// instructions, held 62 of them in the two scans of a one-element node; callgrind). Anything
+    /// else, or a NaN found, goes to scan_for_nan, which scans again and names the element.
+    static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
+        if constexpr (std::is_floating_point_v<T>) {
+            const std::span<const T> data = tensor.data();
+            if (data.size() <= inline_scan_size) {
+                bool nan = false;
+                for (const T x : data) nan = nan || x != x;
+                if (!nan) return;
+            }
+        }
+        scan_for_nan(tensor, op, what, slot);
+    }
+    static void scan_for_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot);
 
     static constexpr std::size_t initial_nodes = 32;
     static constexpr std::size_t scratch_sizes_kept = 8;
@@ -628,9 +646,8 @@ template <Scalar T>
 void Tape<T>::accumulate(std::uint32_t target, std::uint32_t consumer, std::uint32_t slot, const Tensor<T>& contribution) {
     Node& node = nodes_[target];
     const std::string_view op = nodes_[consumer].kind->name;
-    if (!(contribution.shape() == node.value.shape())) {
-        throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot,
-                                contribution.shape().to_string(), node.value.shape().to_string()));
+    if (!(contribution.shape() == node.value.shape())) [[unlikely]] {
+        throw_vjp_shape(op, slot, contribution.shape(), node.value.shape());
     }
     check_no_nan(contribution, op, "the gradient of its input", static_cast<int>(slot));
     if (log_branches_) branches_.push_back(Branch<T>{consumer, slot, target, contribution});
@@ -644,15 +661,21 @@ void Tape<T>::accumulate(std::uint32_t target, std::uint32_t consumer, std::uint
 }
 
 template <Scalar T>
-void Tape<T>::check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot) {
+void Tape<T>::throw_vjp_shape(std::string_view op, std::uint32_t slot, const Shape& given, const Shape& input) {
+    throw error(fmt::format("{}: VJP for input {} has shape {}, the input has shape {}", op, slot, given.to_string(),
+                            input.to_string()));
+}
+
+template <Scalar T>
+void Tape<T>::scan_for_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot) {
     const std::span<const T> data = tensor.data();
     using Stored = typename StoredAs<T>::type;
     if constexpr (has_compiled_kernels<Stored>) {
         // The compiled scan (vectorised at the CPU's level), over the numbers the elements are
         // stored as (a dual: its value and tangent, either NaN making it NaN); the index is
-        // looked for only once a NaN is known. A small tensor is scanned here: the call through
-        // the dispatch table would cost more than its few compares (a scalar node: 52 against
-        // 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
+        // looked for only once a NaN is known. A small tensor is scanned by the loop below: the
+        // call through the dispatch table would cost more than its few compares (a scalar node:
+        // 52 against 48 ns per node). The element loop on duals was 12% of a T = 64 HVP.
         // A large tensor is scanned in chunks over the library's threads (the scan is memory-bound,
         // one pass over the tensor per recorded op: 8% of a T = 1024 float attention step).
         const Stored* numbers = reinterpret_cast<const Stored*>(data.data());

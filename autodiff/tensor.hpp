@@ -163,7 +163,8 @@ public:
     /// Gives the tensor a new shape; keeps the allocation when it is large enough (tape reuse).
     void resize(const Shape& shape) {
         shape_ = shape;
-        data_.resize(shape.size());
+        // A reused tape resizes each node's buffers to the size they already have: skip the call.
+        if (data_.size() != shape.size()) data_.resize(shape.size());
     }
     void fill(const T& value) { std::fill(data_.begin(), data_.end(), value); }
 

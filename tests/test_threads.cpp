@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -493,24 +494,25 @@ BOOST_AUTO_TEST_CASE(chunked_ops_at_odd_sizes_match_one_thread_and_their_formula
 namespace {
 
 // The tape's NaN scan (Tape::check_no_nan) over n elements, chunked over the threads from
-// 2·elementwise_grain numbers on: a NaN only in the last element of a leaf, of an op's output, of
-// an op's VJP contribution and of backward's upstream gradient is refused with value_error, named
-// with its index (docs/design.md, "No NaN leaks out").
+// 2·elementwise_grain numbers on: a NaN only in element k (the last unless given) of a leaf, of an
+// op's output, of an op's VJP contribution and of backward's upstream gradient is refused with
+// value_error, named with its index (docs/design.md, "No NaN leaks out").
 template <class T>
-void nan_in_the_last_element_is_refused(std::size_t n, unsigned threads) {
+void nan_in_one_element_is_refused(std::size_t n, unsigned threads, std::optional<std::size_t> element = {}) {
     const ThreadsSetting setting(threads);
+    const std::size_t k = element.value_or(n - 1);
     const Tensor<T> ones(Shape{n}, T(1));
     Tensor<T> with_nan = ones, with_inf = ones, with_zero = ones;
-    with_nan[n - 1] = nan_of<T>;
-    with_inf[n - 1] = std::numeric_limits<T>::infinity();
-    with_zero[n - 1] = T(0);
+    with_nan[k] = nan_of<T>;
+    with_inf[k] = std::numeric_limits<T>::infinity();
+    with_zero[k] = T(0);
     const auto refusal = [](const auto& record) {
         return testing::message_of<value_error>([&] {
             Tape<T> tape;
             record(tape);
         });
     };
-    const std::string at = " at index " + index_string(Shape{n}, n - 1);
+    const std::string at = " at index " + index_string(Shape{n}, k);
     const std::array<std::pair<std::string, std::string>, 4> cases{{
         {refusal([&](Tape<T>& tape) { tape.leaf(with_nan, "x"); }), "leaf: NaN in x" + at},
         {refusal([&](Tape<T>& tape) { mul(tape.leaf(with_inf), tape.leaf(with_zero)); }),  // ∞·0
@@ -522,11 +524,23 @@ void nan_in_the_last_element_is_refused(std::size_t n, unsigned threads) {
     }};
     for (const auto& [message, expected] : cases) {
         BOOST_TEST(message.find(expected) != std::string::npos,
-                   "n=" << n << ", " << threads << " threads: " << message);
+                   "n=" << n << ", element " << k << ", " << threads << " threads: " << message);
     }
 }
 
 }  // namespace
+
+// A float or double tensor of up to 16 elements (a scalar node) is scanned at the call, in the
+// header; a larger one, or any other type, by the compiled scan (Tape::check_no_nan). Every size on
+// both sides of that boundary, with the NaN in its first, middle or last element, is refused and
+// named the same way.
+BOOST_AUTO_TEST_CASE(the_nan_scan_finds_a_nan_in_any_element_of_small_tensors) {
+    for (std::size_t n = 1; n <= 40; ++n)
+        for (const std::size_t k : {std::size_t{0}, n / 2, n - 1}) {
+            nan_in_one_element_is_refused<double>(n, 1, k);
+            nan_in_one_element_is_refused<float>(n, 1, k);
+        }
+}
 
 // Sizes prime and past two grains (131 101: two chunks; 196 613: three; 262 147: four), on 1 to 16
 // threads (fewer chunks than threads from 3 on): the chunk holding the last element is scanned to its end.
@@ -534,7 +548,7 @@ BOOST_AUTO_TEST_CASE(the_nan_scan_finds_a_nan_in_the_last_element_at_odd_sizes) 
     static_assert(std::size_t{131101} >= 2 * elementwise_grain);
     for (const std::size_t n : {std::size_t{131101}, std::size_t{196613}, std::size_t{262147}})
         for (unsigned threads = 1; threads <= testing::most_threads_tested; ++threads) {
-            nan_in_the_last_element_is_refused<double>(n, threads);
-            nan_in_the_last_element_is_refused<float>(n, threads);
+            nan_in_one_element_is_refused<double>(n, threads);
+            nan_in_one_element_is_refused<float>(n, threads);
         }
 }
