@@ -8,6 +8,7 @@
 /// Written only from the tape's public description (Tape::size, Tape::info), so it shows what the
 /// tape recorded, not what a model meant to record; `dot_graph` is the writer, shared with the
 /// precision audit's picture.
+/// dot_graph and dot_escape are compiled in the library (src/io/graphviz.cpp).
 #pragma once
 
 #include "autodiff/tape.hpp"
@@ -28,18 +29,7 @@ struct DotOptions {
 };
 
 /// `text` as the inside of a DOT double-quoted string.
-inline std::string dot_escape(std::string_view text) {
-    std::string escaped;
-    for (const char c : text) {
-        if (c == '"' || c == '\\') escaped += '\\';
-        if (c == '\n') {
-            escaped += "\\n";
-            continue;
-        }
-        escaped += c;
-    }
-    return escaped;
-}
+std::string dot_escape(std::string_view text);
 
 /// One node of a picture: its index (`n<index>` in the DOT text), its label, its DOT attributes
 /// (shape, fill) and the indices of the nodes it reads, by input slot.
@@ -54,21 +44,9 @@ struct DotNode {
 /// when it has several). `graph_attributes` go after the header, one per line (as `label="..."`);
 /// `node_defaults` are the attributes every node starts from. The audit's picture
 /// (check/audit.hpp) styles each node by its error through it.
-inline std::string dot_graph(std::string_view graph_name, const std::vector<DotNode>& nodes,
-                             std::string_view node_defaults = "fontname=\"Helvetica\"",
-                             const std::vector<std::string>& graph_attributes = {}) {
-    std::string dot = fmt::format("digraph \"{}\" {{\n  rankdir=TB;\n  node [{}];\n", dot_escape(graph_name),
-                                  node_defaults);
-    for (const std::string& attribute : graph_attributes) dot += fmt::format("  {};\n", attribute);
-    for (const DotNode& node : nodes) {
-        dot += fmt::format("  n{} [label=\"{}\", {}];\n", node.index, dot_escape(node.label), node.style);
-        for (std::size_t slot = 0; slot < node.inputs.size(); ++slot) {
-            dot += fmt::format("  n{} -> n{}", node.inputs[slot], node.index);
-            dot += node.inputs.size() > 1 ? fmt::format(" [label=\"{}\"];\n", slot) : std::string(";\n");
-        }
-    }
-    return dot + "}\n";
-}
+std::string dot_graph(std::string_view graph_name, const std::vector<DotNode>& nodes,
+                      std::string_view node_defaults = "fontname=\"Helvetica\"",
+                      const std::vector<std::string>& graph_attributes = {});
 
 template <Scalar T>
 std::string to_dot(const Tape<T>& tape, const DotOptions& options = {}) {

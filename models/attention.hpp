@@ -19,6 +19,7 @@
 /// its keep-mask from the caller's explicit seeded generator.
 #pragma once
 
+#include "autodiff/instances.hpp"
 #include "models/masks.hpp"
 #include "ops/add.hpp"
 #include "ops/checks.hpp"
@@ -139,5 +140,21 @@ AttentionResult<T> causal_attention(const Var<T>& X, const Var<T>& W_Q, const Va
     const auto [Q, K, V] = detail::project_qkv("causal_attention", X, W_Q, W_K, W_V);
     return causal_attention(Q, K, V);
 }
+
+// Compiled once in the library for float, double, mp50 and the duals, as the ops are
+// (autodiff/instances.hpp, src/instances/<type>.cpp): a program calling attention on those types
+// does not compile the composition again (the quickstart's compile: 11 MB of GCC's memory).
+#define TAPEGRAD_MODEL_INSTANCES(T)                                                                                    \
+    TAPEGRAD_INSTANCE AttentionResult<T> attention_from_qkv<T>(const Var<T>&, const Var<T>&, const Var<T>&);           \
+    TAPEGRAD_INSTANCE AttentionResult<T> attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, const Var<T>&);     \
+    TAPEGRAD_INSTANCE AttentionResult<T> masked_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&,              \
+                                                             const Tensor<double>&, std::optional<DropoutSettings>,    \
+                                                             const Tensor<double>*);                                   \
+    TAPEGRAD_INSTANCE AttentionResult<T> causal_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&, std::size_t, \
+                                                             std::optional<DropoutSettings>);                          \
+    TAPEGRAD_INSTANCE AttentionResult<T> causal_attention<T>(const Var<T>&, const Var<T>&, const Var<T>&,              \
+                                                             const Var<T>&);
+TAPEGRAD_FOR_LIBRARY_SCALARS(TAPEGRAD_MODEL_INSTANCES)
+#undef TAPEGRAD_MODEL_INSTANCES
 
 }  // namespace tapegrad

@@ -21,6 +21,7 @@
 /// Initialisation (as the transformer's, GPT-2's): every matrix N(0, 0.02²), the residual outputs
 /// W_O and W_down N(0, (0.02/√(2L))²), gains 1; a portable Box–Muller from mt19937_64 seeded by
 /// config.seed, in parameter_names() order, row-major within each tensor.
+/// The functions that are not templates are compiled in the library (src/models/llama.cpp).
 #pragma once
 
 #include "models/multihead.hpp"
@@ -65,52 +66,16 @@ struct LlamaConfig {
     std::size_t parameter_count() const { return 2 + 9 * layers + (tied ? 0 : 1); }
 };
 
-inline void check_llama_config(const LlamaConfig& c) {
-    const bool heads_fit = c.heads > 0 && c.width % c.heads == 0 && (c.width / c.heads) % 2 == 0 && c.kv_heads > 0 &&
-                           c.heads % c.kv_heads == 0;
-    if (c.vocabulary < 2 || c.context == 0 || c.layers == 0 || c.hidden == 0 || !heads_fit) {
-        throw value_error(fmt::format(
-            "llama: bad config (vocabulary {}, context {}, width {}, heads {}, kv_heads {}, layers {}, hidden {}): "
-            "need vocabulary >= 2, context, layers, hidden >= 1, a width that is heads times an even head width, "
-            "and kv_heads dividing heads",
-            c.vocabulary, c.context, c.width, c.heads, c.kv_heads, c.layers, c.hidden));
-    }
-}
+void check_llama_config(const LlamaConfig& c);
 
 /// Names in the one parameter order (files, the checker's leaves, the optimizer's state).
-inline std::vector<std::string> parameter_names(const LlamaConfig& c) {
-    std::vector<std::string> names = {"E"};
-    for (std::size_t l = 0; l < c.layers; ++l) {
-        for (const char* part : {"attn_norm.gain", "attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O", "mlp_norm.gain",
-                                 "mlp.W_gate", "mlp.W_up", "mlp.W_down"}) {
-            names.push_back(fmt::format("block{}.{}", l, part));
-        }
-    }
-    names.push_back("norm_f.gain");
-    if (!c.tied) names.push_back("W_out");
-    return names;
-}
+std::vector<std::string> parameter_names(const LlamaConfig& c);
 
 /// Shapes in the same order.
-inline std::vector<Shape> parameter_shapes(const LlamaConfig& c) {
-    const std::size_t D = c.width, F = c.hidden, q = c.heads * c.head_width(), kv = c.kv_heads * c.head_width();
-    std::vector<Shape> shapes = {Shape{c.vocabulary, D}};
-    for (std::size_t l = 0; l < c.layers; ++l) {
-        for (const Shape& s : {Shape{D}, Shape{D, q}, Shape{D, kv}, Shape{D, kv}, Shape{q, D}, Shape{D}, Shape{D, F},
-                               Shape{D, F}, Shape{F, D}}) {
-            shapes.push_back(s);
-        }
-    }
-    shapes.push_back(Shape{D});
-    if (!c.tied) shapes.push_back(Shape{D, c.vocabulary});
-    return shapes;
-}
+std::vector<Shape> parameter_shapes(const LlamaConfig& c);
 
 /// The initialisation of the header comment, seeded by config.seed.
-inline std::vector<Tensor<double>> initial_parameters(const LlamaConfig& c) {
-    check_llama_config(c);
-    return detail::gpt2_initialisation(parameter_names(c), parameter_shapes(c), c.seed, c.layers, {"W_O", "W_down"});
-}
+std::vector<Tensor<double>> initial_parameters(const LlamaConfig& c);
 
 template <Scalar T>
 struct LlamaBlockVars {
@@ -167,17 +132,7 @@ struct LlamaCache {
 
 namespace detail {
 
-inline MultiHeadOptions llama_attention_options(const LlamaConfig& c, std::size_t first_position) {
-    MultiHeadOptions options;
-    options.heads = c.heads;
-    options.kv_heads = c.kv_heads;
-    options.query_offset = first_position;
-    if (!c.alibi) options.rope = RopeSettings{.base = c.rope_base, .pairing = c.rope_pairing};
-    options.alibi = c.alibi;
-    options.window = c.window;
-    options.kernel = c.kernel;
-    return options;
-}
+MultiHeadOptions llama_attention_options(const LlamaConfig& c, std::size_t first_position);
 
 template <Scalar T>
 Var<T> llama_block(const Var<T>& X, const LlamaBlockVars<T>& b, const LlamaConfig& c, std::size_t block,

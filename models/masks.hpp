@@ -20,6 +20,7 @@
 /// scores, with a slope m_h per head (ops/alibi.hpp's alibi_slopes; alibi_bias here).
 /// Causality, the window and ALiBi are one AttentionPattern (ops/attention_pattern.hpp), which the
 /// fused kernel reads as well: causal_mask and alibi_bias are its mask() and bias().
+/// The functions that are not templates are compiled in the library (src/models/masks.cpp).
 #pragma once
 
 #include "autodiff/error.hpp"
@@ -36,74 +37,27 @@ namespace tapegrad {
 
 namespace detail {
 
-inline void check_block(std::string_view where, std::size_t query_count, std::size_t key_count,
-                        std::size_t query_offset) {
-    if (query_count == 0 || key_count == 0) {
-        throw shape_error(fmt::format("{}: {} queries and {} keys; both must be at least one", where, query_count,
-                                      key_count));
-    }
-    if (query_offset + query_count > key_count) {
-        throw shape_error(fmt::format(
-            "{}: queries at absolute positions {}..{} (query_offset {}) need keys up to position {}, but there "
-            "are only {} keys",
-            where, query_offset, query_offset + query_count - 1, query_offset, query_offset + query_count - 1,
-            key_count));
-    }
-}
+void check_block(std::string_view where, std::size_t query_count, std::size_t key_count, std::size_t query_offset);
 
 }  // namespace detail
 
 /// [Tq × Tk]: M_ij = 1 when key j <= query_offset + i (AttentionPattern::mask of a causal pattern).
 /// With a sliding window of w keys (`window` 0: none), query i at absolute position
 /// p = query_offset + i sees only keys p − w < j ≤ p: itself and the w − 1 before it.
-inline Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0,
-                                  std::size_t window = 0) {
-    detail::check_block("causal_mask", query_count, key_count, query_offset);
-    return AttentionPattern{.causal = true, .query_offset = query_offset, .window = window}.mask(query_count,
-                                                                                               key_count);
-}
+Tensor<double> causal_mask(std::size_t query_count, std::size_t key_count, std::size_t query_offset = 0,
+                           std::size_t window = 0);
 
 /// ALiBi's bias [H, Tq, Tk]: b_{h,i,j} = −m_h·|p − j|, p = query_offset + i: 0 for the query's own
 /// position, the more negative the farther the key (causal attention sees only j ≤ p, where this is
 /// the paper's −m_h·(p − j); without the causal mask, later keys are penalised alike).
 /// AttentionPattern::bias of a pattern with ALiBi over `heads` heads.
-inline Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std::size_t key_count,
-                                 std::size_t query_offset = 0) {
-    if (heads == 0) throw shape_error("alibi_bias: heads must be at least 1");
-    return AttentionPattern{.query_offset = query_offset, .alibi_heads = heads}.bias(query_count, key_count);
-}
+Tensor<double> alibi_bias(std::size_t heads, std::size_t query_count, std::size_t key_count,
+                          std::size_t query_offset = 0);
 
 /// Padding (and optionally causality) for a batch: [B × Tq × Tk], or [B × H × Tq × Tk] (the same
 /// pattern repeated for each of `heads` heads) when heads > 0. lengths[b] is the length of
 /// sequence b in absolute positions (its first lengths[b] keys are real).
-inline Tensor<double> padding_mask(std::span<const std::size_t> lengths, std::size_t query_count, std::size_t key_count,
-                                   std::size_t query_offset = 0, bool causal = false, std::size_t heads = 0) {
-    detail::check_block("padding_mask", query_count, key_count, query_offset);
-    if (lengths.empty()) throw shape_error("padding_mask: no sequence lengths given");
-    for (std::size_t b = 0; b < lengths.size(); ++b) {
-        if (lengths[b] == 0) {
-            throw value_error(fmt::format("padding_mask: sequence {} has length 0; every sequence needs at least one "
-                                          "token",
-                                          b));
-        }
-        if (lengths[b] > key_count) {
-            throw value_error(fmt::format("padding_mask: sequence {} has length {} but there are only {} key "
-                                          "positions",
-                                          b, lengths[b], key_count));
-        }
-    }
-    const std::size_t B = lengths.size(), H = heads == 0 ? 1 : heads;
-    Tensor<double> M(heads == 0 ? Shape{B, query_count, key_count} : Shape{B, heads, query_count, key_count}, 0.0);
-    for (std::size_t b = 0; b < B; ++b)
-        for (std::size_t h = 0; h < H; ++h)
-            for (std::size_t i = 0; i < query_count; ++i) {
-                const std::size_t position = query_offset + i;
-                if (position >= lengths[b]) continue;  // a padded query row: hidden entirely
-                double* row = M.data().data() + ((b * H + h) * query_count + i) * key_count;
-                const std::size_t visible = causal ? position + 1 : lengths[b];
-                for (std::size_t j = 0; j < visible; ++j) row[j] = 1.0;
-            }
-    return M;
-}
+Tensor<double> padding_mask(std::span<const std::size_t> lengths, std::size_t query_count, std::size_t key_count,
+                            std::size_t query_offset = 0, bool causal = false, std::size_t heads = 0);
 
 }  // namespace tapegrad

@@ -184,34 +184,10 @@ struct WarmupCosine {
 /// a step of exploding size is shortened. For float gradients the squares are summed in double (a
 /// float sum over 10⁵ entries would lose digits the coefficient does not need to lose, and the norm
 /// is a figure the user reads) and c, computed in double, is rounded to float where it is applied.
-namespace detail {
-template <std::floating_point T>
-double clip_by_global_norm(std::span<Tensor<T>* const> gradients, double max_norm) {
-    if (!(max_norm > 0)) throw value_error(fmt::format("clip_by_global_norm: max_norm {} must be positive", max_norm));
-    double norms_squared = 0;
-    for (const Tensor<T>* g : gradients) {
-        double squares = 0;
-        for (const T x : g->data()) squares += static_cast<double>(x) * static_cast<double>(x);
-        const double norm = std::sqrt(squares);
-        norms_squared += norm * norm;
-    }
-    const double norm = std::sqrt(norms_squared);
-    const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1) {
-        const T c = static_cast<T>(coefficient);
-        for (Tensor<T>* g : gradients)
-            for (T& x : g->data()) x *= c;
-    }
-    return norm;
-}
-}  // namespace detail
-
 /// Overloads rather than a template, so that a std::array or std::vector of pointers still converts.
-inline double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm) {
-    return detail::clip_by_global_norm<double>(gradients, max_norm);
-}
-inline double clip_by_global_norm(std::span<Tensor<float>* const> gradients, double max_norm) {
-    return detail::clip_by_global_norm<float>(gradients, max_norm);
-}
+/// Compiled in the library (src/models/optimizer.cpp): a program that includes the models does not
+/// compile the loops and the message again.
+double clip_by_global_norm(std::span<Tensor<double>* const> gradients, double max_norm);
+double clip_by_global_norm(std::span<Tensor<float>* const> gradients, double max_norm);
 
 }  // namespace tapegrad

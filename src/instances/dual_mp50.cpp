@@ -3,5 +3,6 @@
 #include "autodiff/mp50.hpp"
 #define TAPEGRAD_INSTANTIATE_FOR ::tapegrad::Dual<::tapegrad::mp50>
 #include "ops/all.hpp"
+#include "models/attention.hpp"  // attention's compositions, compiled here as the ops are
 
 template class tapegrad::Tape<TAPEGRAD_INSTANTIATE_FOR>;
