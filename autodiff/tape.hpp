@@ -389,8 +389,8 @@ private:
     static constexpr std::size_t inline_scan_size = 16;
 
     /// A small float or double tensor (a scalar node) is scanned at the call, in the header: the
-    /// call to the out-of-line scan cost more than its few compares (the tape's cost per node, 545
-    /// instructions, held 62 of them in the two scans of a one-element node; callgrind). Anything
+    /// call to the out-of-line scan cost more than its few compares (of the 609 instructions per node
+    /// of a chain of scalar nodes, 62 were its two scans; callgrind, docs/performance.md). Anything
     /// else, or a NaN found, goes to scan_for_nan, which scans again and names the element.
     static void check_no_nan(const Tensor<T>& tensor, std::string_view op, std::string_view what, int slot = -1) {
         if constexpr (std::is_floating_point_v<T>) {

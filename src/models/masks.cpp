@@ -44,15 +44,11 @@ Tensor<double> padding_mask(std::span<const std::size_t> lengths, std::size_t qu
     for (std::size_t b = 0; b < lengths.size(); ++b) {
         if (lengths[b] == 0) {
             throw value_error(
-                fmt::format("padding_mask: sequence {} has length 0; every sequence needs at least one "
-                            "token",
-                            b));
+                fmt::format("padding_mask: sequence {} has length 0; every sequence needs at least one token", b));
         }
         if (lengths[b] > key_count) {
-            throw value_error(
-                fmt::format("padding_mask: sequence {} has length {} but there are only {} key "
-                            "positions",
-                            b, lengths[b], key_count));
+            throw value_error(fmt::format("padding_mask: sequence {} has length {} but there are only {} key positions",
+                                          b, lengths[b], key_count));
         }
     }
     const std::size_t B = lengths.size(), H = heads == 0 ? 1 : heads;
