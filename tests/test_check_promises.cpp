@@ -279,7 +279,9 @@ BOOST_AUTO_TEST_CASE(the_report_is_the_same_at_any_number_of_threads) {
 // CheckOptions::progress: called after each finite difference this process takes, from one thread
 // (the checker's first, the caller), never at the same time; it changes nothing in the report.
 // At one thread the calls count 1..N of N ("done" of "mine", all N); at two threads the caller's
-// calls still count up, and every call comes from the calling thread.
+// calls still count up, and every call comes from the calling thread. At both, the last call
+// counts all N, whichever thread took the last derivative (tapegrad-check prints that line
+// always: its progress lines, at most one every two seconds, and the last).
 BOOST_AUTO_TEST_CASE(progress_is_reported_from_the_calling_thread_and_changes_nothing) {
     std::mt19937_64 rng(19);
     const NamedTensor leaves[] = {{"X", testing::random_tensor({6, 8}, rng)}, {"W", testing::random_tensor({8, 8}, rng)}};
@@ -312,6 +314,7 @@ BOOST_AUTO_TEST_CASE(progress_is_reported_from_the_calling_thread_and_changes_no
             BOOST_TEST(!overlapped);
             BOOST_TEST_REQUIRE(!calls.empty());
             if (threads == 1) BOOST_TEST(calls.size() == derivatives);
+            BOOST_TEST(calls.back().done == derivatives);
             for (std::size_t i = 0; i < calls.size(); ++i) {
                 BOOST_TEST(calls[i].stage == "full check");
                 BOOST_TEST(calls[i].thread == std::this_thread::get_id());

@@ -237,6 +237,10 @@ std::vector<std::array<Differences, 2>> take_derivatives(Checked& c, std::string
                                                          std::span<const Probe> probes) {
     std::vector<std::array<Differences, 2>> numeric(probes.size());
     const auto start = std::chrono::steady_clock::now();
+    const auto report = [&](std::size_t finished, std::size_t mine) {
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        c.options.progress(CheckProgress{stage, finished, mine, probes.size(), seconds});
+    };
     const auto take = [&](std::span<const std::size_t> items) {
         std::vector<std::vector<Tensor<mp50>>> scratch(c.threads(), std::vector<Tensor<mp50>>(c.leaves.size()));
         std::atomic<std::size_t> done{0};
@@ -245,11 +249,14 @@ std::vector<std::array<Differences, 2>> take_derivatives(Checked& c, std::string
             [&](std::size_t i, unsigned thread) {
                 numeric[items[i]] = take_probe(c, probes[items[i]], scratch[thread], c.workspaces[thread]);
                 const std::size_t finished = ++done;
-                if (thread != 0 || !c.options.progress) return;
-                const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-                c.options.progress(CheckProgress{stage, finished, items.size(), probes.size(), seconds});
+                // The first thread reports what is done so far; the last call, all of this
+                // process's share, is made once every thread has finished (another thread may
+                // take the last derivative).
+                if (thread != 0 || !c.options.progress || finished == items.size()) return;
+                report(finished, items.size());
             },
             c.threads());
+        if (c.options.progress && !items.empty()) report(items.size(), items.size());
     };
     if (c.split == nullptr) {
         std::vector<std::size_t> all(probes.size());
