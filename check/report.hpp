@@ -82,9 +82,10 @@ struct CheckOptions {
     bool check_branches = true;     ///< attribute summed gradients to their branches
     bool check_consistency = true;  ///< backward twice, zero seed
     std::size_t max_reported = 5;   ///< worst mismatches kept in the report
-    /// Called after each finite difference this process takes, from one thread at a time (the
-    /// first thread of the checker's parallel_for); empty: no progress is reported. It reports and
-    /// changes nothing, so the report does not depend on it.
+    /// Called after finite differences this process takes, from one thread at a time (the first
+    /// thread of the checker's parallel_for, the caller); the last call of each stage counts all of
+    /// this process's share (done == mine), whichever thread took the last one. Empty: no progress
+    /// is reported. It reports and changes nothing, so the report does not depend on it.
     std::function<void(const CheckProgress&)> progress{};
     // Threads: the library's one setting, tapegrad::set_threads (autodiff/parallel.hpp).
 };
