@@ -945,14 +945,10 @@ void expect_json_holds_the_audit(const Json& json, const PrecisionAudit& audit, 
     }
 }
 
-// The table, parsed, against the JSON, parsed: the header; the first `rows` nodes in rank order, each
-// column against the field it shows; the events, in order; every leaf in order, each column; every
-// branch; and nothing else.
-void expect_table_shows_the_json(const PrecisionAudit& audit, std::size_t rows, const std::string& name) {
-    const std::string table = audit.table(rows);
-    const Json json = Json::parse(audit.json());
-    const std::vector<std::string> lines = lines_of(table);
-    BOOST_TEST_REQUIRE(lines.size() >= 4u, name << ":\n" << table);
+// The table's parts, each against the JSON it shows (expect_table_shows_the_json puts them in order).
+
+// The title and the column header.
+void expect_table_header(const std::vector<std::string>& lines, const Json& json, const std::string& name) {
     std::smatch m;
     const std::string& title = lines[0];
     BOOST_TEST_REQUIRE(
@@ -965,129 +961,166 @@ void expect_table_shows_the_json(const PrecisionAudit& audit, std::size_t rows, 
     BOOST_TEST(words_of(lines[2]) == (std::vector<std::string>{"rank", "node", "op", "label", "shape", "digits",
                                                                "local", "f", "local", "b", "value", "adjoint"}),
                name << ": " << lines[2]);
+}
+
+// The row of rank r + 1, each column against the node's field.
+void expect_node_row(std::string line, const Json& n, std::size_t r, const std::string& name) {
+    static const std::regex row_line(
+        R"( *(\d+) +(\d+)  (\S+) +(.*?) +(\[[^\]]*\]) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+))");
+    const std::string what = fmt::format("{}: row {} (JSON node {})", name, r + 1, n.at("node").get<std::uint32_t>());
+    const std::string mark = "  (inf/NaN)";
+    const bool marked = line.ends_with(mark);
+    if (marked) line.resize(line.size() - mark.size());
+    // "{rank:>5} {node:>6}  {op:<14} {label:<14} {shape:<14} {digits:>7.1f} {f:>9} {b:>9} {value:>9} {adjoint:>9}":
+    // ops and shapes are single words, a label may hold spaces (or be empty), the cells none.
+    std::smatch c;
+    BOOST_TEST_REQUIRE(std::regex_match(line, c, row_line), what << ": " << line);
+    BOOST_TEST(c.str(1) == std::to_string(r + 1), what);
+    BOOST_TEST(c.str(1) == std::to_string(n.at("rank").get<std::size_t>()), what);
+    BOOST_TEST(c.str(2) == std::to_string(n.at("node").get<std::uint32_t>()), what);
+    BOOST_TEST(c.str(3) == n.at("op").get<std::string>(), what);
+    BOOST_TEST(c.str(4) == n.at("label").get<std::string>(), what);
+    BOOST_TEST(c.str(5) == n.at("shape").get<std::string>(), what);
+    expect_shows_decimals(c.str(6), n.at("local_digits"), 1, what + ", digits");
+    expect_error_cell(c.str(7), n.at("local_forward"), what + ", local f");
+    expect_error_cell(c.str(8), n.at("local_vjp"), what + ", local b");
+    expect_error_cell(c.str(9), n.at("value"), what + ", value");
+    expect_error_cell(c.str(10), n.at("adjoint"), what + ", adjoint");
+    const bool lost = !finite_in(n.at("value")) || !finite_in(n.at("local_forward")) || !finite_in(n.at("local_vjp"));
+    BOOST_TEST(marked == lost, what << ": marked (inf/NaN) " << marked);
+}
+
+// The events' heading and lines, from lines[at] on; `at` is left past them.
+void expect_event_lines(const std::vector<std::string>& lines, std::size_t& at, const Json& events,
+                        const std::string& name) {
+    if (events.empty()) return;
+    BOOST_TEST_REQUIRE(at < lines.size(), name);
+    BOOST_TEST(lines[at++] == fmt::format("what the low precision made that an op refused, or that became inf or NaN "
+                                          "({}):",
+                                          events.size()),
+               name);
+    for (const Json& e : events) {
+        BOOST_TEST_REQUIRE(at < lines.size(), name);
+        BOOST_TEST(lines[at++] == fmt::format("  node {} ({}), in {}: {}", e.at("node").get<std::uint32_t>(),
+                                              e.at("op").get<std::string>(), e.at("run").get<std::string>(),
+                                              e.at("what").get<std::string>()),
+                   name);
+    }
+}
+
+// A leaf's error cells: "-" and an empty place when nothing was measured.
+void expect_leaf_error_cells(const std::smatch& m, const Json& gradient, const std::string& what) {
+    if (gradient.is_null()) {  // nothing measured: no figure
+        BOOST_TEST(trimmed(m.str(2)) == "-", what << ": normwise " << m.str(2));
+        BOOST_TEST(trimmed(m.str(4)) == "-", what << ": worst element " << m.str(4));
+        BOOST_TEST(trimmed(m.str(5)).empty(), what << ": at " << m.str(5));
+        BOOST_TEST(trimmed(m.str(6)) == "-", what << ": ULPs " << m.str(6));
+        BOOST_TEST(trimmed(m.str(7)) == "-", what << ": digits " << m.str(7));
+        return;
+    }
+    expect_shows_significant(trimmed(m.str(2)), gradient.at("normwise"), 2, what + ", normwise");
+    expect_shows_significant(trimmed(m.str(4)), gradient.at("worst_element"), 2, what + ", worst element");
+    BOOST_TEST(trimmed(m.str(5)) == gradient.at("worst_at").get<std::string>(), what);
+    expect_shows_significant(trimmed(m.str(6)), gradient.at("ulps"), 3, what + ", ULPs");
+    expect_shows_decimals(trimmed(m.str(7)), gradient.at("digits_lost"), 1, what + ", digits");
+}
+
+// A leaf's prediction cell: empty exactly when the JSON has none.
+void expect_prediction_cell(const std::string& predicted, const Json& leaf, const std::string& what) {
+    if (predicted.empty()) {
+        BOOST_TEST(leaf.at("predicted").is_null(), what << ": no prediction shown, the JSON " << leaf.at("predicted"));
+        return;
+    }
+    BOOST_TEST_REQUIRE((predicted.starts_with("(predicted ") && predicted.ends_with(")")), what << ": " << predicted);
+    expect_shows_significant(predicted.substr(11, predicted.size() - 12), leaf.at("predicted"), 2,
+                             what + ", predicted");
+}
+
+// A leaf's "top:" cell: its top contributor with its share, or the one that alone makes the gradient
+// inf or NaN, or "none" and why.
+void expect_top_cell(const std::string& top, const Json& leaf, const Json& nodes, const std::string& what) {
+    static const std::regex top_share(R"(node (\d+) \((.+)\), (\d+)% alone)");
+    static const std::regex top_lost(R"(node (\d+) \((.+)\), alone it makes the gradient inf or NaN)");
+    std::smatch t;
+    if (leaf.at("top_contributor_op").get<std::string>().empty()) {
+        // No contributor, and why: no gradient reaches the leaf, or no node loses anything locally
+        // (no candidate), or no contributor run was asked for (contributor_candidates = 0).
+        const bool any_loses = std::any_of(nodes.begin(), nodes.end(), [](const Json& n) {
+            return n.at("local_in_u").is_null() || n.at("local_in_u").get<double>() > 0;
+        });
+        const std::string why = leaf.at("gradient").is_null() ? "none (no gradient reaches it)"
+                                : any_loses                   ? "none (no contributor runs)"
+                                                              : "none (no node loses a digit)";
+        BOOST_TEST(top == why, what << ": top " << top);
+    } else if (std::regex_match(top, t, top_share)) {
+        BOOST_TEST(t.str(1) == std::to_string(leaf.at("top_contributor").get<std::uint32_t>()), what);
+        BOOST_TEST(t.str(2) == leaf.at("top_contributor_op").get<std::string>(), what);
+        BOOST_TEST_REQUIRE(leaf.at("top_contributor_share").is_number(), what);
+        expect_shows(t.str(3), Json(100 * leaf.at("top_contributor_share").get<double>()), 0.5, what + ", share");
+    } else {
+        BOOST_TEST_REQUIRE(std::regex_match(top, t, top_lost), what << ": top " << top);
+        BOOST_TEST(t.str(1) == std::to_string(leaf.at("top_contributor").get<std::uint32_t>()), what);
+        BOOST_TEST(t.str(2) == leaf.at("top_contributor_op").get<std::string>(), what);
+        BOOST_TEST(leaf.at("top_contributor_share").is_null(), what);
+    }
+}
+
+// A branch line under its leaf.
+void expect_branch_line(const std::string& line, const Json& branch, const std::string& what) {
+    static const std::regex branch_line(
+        R"(      branch via node (\d+) \((\S+), input (\d+)\): normwise (\S+), (\S+) digits)");
+    std::smatch m;
+    BOOST_TEST_REQUIRE(std::regex_match(line, m, branch_line), what << ": " << line);
+    BOOST_TEST(m.str(1) == std::to_string(branch.at("consumer").get<std::uint32_t>()), what);
+    BOOST_TEST(m.str(2) == branch.at("op").get<std::string>(), what);
+    BOOST_TEST(m.str(3) == std::to_string(branch.at("slot").get<std::uint32_t>()), what);
+    expect_shows_significant(m.str(4), branch.at("error").at("normwise"), 2, what + ", branch normwise");
+    expect_shows_decimals(m.str(5), branch.at("error").at("digits_lost"), 1, what + ", branch digits");
+}
+
+// A leaf's line and its branch lines, from lines[at] on; `at` is left past them.
+void expect_leaf_lines(const std::vector<std::string>& lines, std::size_t& at, const Json& leaf, const Json& nodes,
+                       const std::string& name) {
+    // "  {name:<18} {normwise:>9} {(predicted p):<21} {worst:>9} at {where:<12} {ULPs:>9} ULP {digits:>5} digits
+    //  top: …", each field padded to its width (the graphs here hold no longer names or numbers)
+    static const std::regex leaf_line(
+        R"(  (.{18}) (.{9}) (.{21}) (.{9}) at (.{12}) (.{9}) ULP (.{5}) digits   top: (.*))");
+    const std::string what = fmt::format("{}: leaf {}", name, leaf.at("name").get<std::string>());
+    BOOST_TEST_REQUIRE(at < lines.size(), what);
+    const std::string& line = lines[at++];
+    std::smatch m;
+    BOOST_TEST_REQUIRE(std::regex_match(line, m, leaf_line), what << ": " << line);
+    BOOST_TEST(trimmed(m.str(1)) == leaf.at("name").get<std::string>(), what);
+    expect_leaf_error_cells(m, leaf.at("gradient"), what);
+    expect_prediction_cell(trimmed(m.str(3)), leaf, what);
+    expect_top_cell(m.str(8), leaf, nodes, what);
+    for (const Json& branch : leaf.at("branches")) {
+        BOOST_TEST_REQUIRE(at < lines.size(), what);
+        expect_branch_line(lines[at++], branch, what);
+    }
+}
+
+// The table, parsed, against the JSON, parsed: the header; the first `rows` nodes in rank order, each
+// column against the field it shows; the events, in order; every leaf in order, each column; every
+// branch; and nothing else.
+void expect_table_shows_the_json(const PrecisionAudit& audit, std::size_t rows, const std::string& name) {
+    const std::string table = audit.table(rows);
+    const Json json = Json::parse(audit.json());
+    const std::vector<std::string> lines = lines_of(table);
+    BOOST_TEST_REQUIRE(lines.size() >= 4u, name << ":\n" << table);
+    expect_table_header(lines, json, name);
     std::size_t at = 3;
-    const std::regex row_line(R"( *(\d+) +(\d+)  (\S+) +(.*?) +(\[[^\]]*\]) +(\S+) +(\S+) +(\S+) +(\S+) +(\S+))");
     const Json& nodes = json.at("nodes");
     const std::size_t shown = std::min(rows, nodes.size());
     for (std::size_t r = 0; r < shown; ++r) {
         BOOST_TEST_REQUIRE(at < lines.size(), name);
-        std::string line = lines[at++];
-        const Json& n = nodes[r];
-        const std::string what =
-            fmt::format("{}: row {} (JSON node {})", name, r + 1, n.at("node").get<std::uint32_t>());
-        const std::string mark = "  (inf/NaN)";
-        const bool marked = line.ends_with(mark);
-        if (marked) line.resize(line.size() - mark.size());
-        // "{rank:>5} {node:>6}  {op:<14} {label:<14} {shape:<14} {digits:>7.1f} {f:>9} {b:>9} {value:>9} {adjoint:>9}":
-        // ops and shapes are single words, a label may hold spaces (or be empty), the cells none.
-        std::smatch c;
-        BOOST_TEST_REQUIRE(std::regex_match(line, c, row_line), what << ": " << line);
-        const std::vector<std::string> w{c.str(1), c.str(2), c.str(3), c.str(4), c.str(5),
-                                         c.str(6), c.str(7), c.str(8), c.str(9), c.str(10)};
-        BOOST_TEST(w[0] == std::to_string(r + 1), what);
-        BOOST_TEST(w[0] == std::to_string(n.at("rank").get<std::size_t>()), what);
-        BOOST_TEST(w[1] == std::to_string(n.at("node").get<std::uint32_t>()), what);
-        BOOST_TEST(w[2] == n.at("op").get<std::string>(), what);
-        BOOST_TEST(w[3] == n.at("label").get<std::string>(), what);
-        BOOST_TEST(w[4] == n.at("shape").get<std::string>(), what);
-        expect_shows_decimals(w[5], n.at("local_digits"), 1, what + ", digits");
-        expect_error_cell(w[6], n.at("local_forward"), what + ", local f");
-        expect_error_cell(w[7], n.at("local_vjp"), what + ", local b");
-        expect_error_cell(w[8], n.at("value"), what + ", value");
-        expect_error_cell(w[9], n.at("adjoint"), what + ", adjoint");
-        const bool lost =
-            !finite_in(n.at("value")) || !finite_in(n.at("local_forward")) || !finite_in(n.at("local_vjp"));
-        BOOST_TEST(marked == lost, what << ": marked (inf/NaN) " << marked);
+        expect_node_row(lines[at++], nodes[r], r, name);
     }
-    const Json& events = json.at("events");
-    if (!events.empty()) {
-        BOOST_TEST_REQUIRE(at < lines.size(), name);
-        BOOST_TEST(
-            lines[at++] == fmt::format("what the low precision made that an op refused, or that became inf or NaN "
-                                       "({}):",
-                                       events.size()),
-            name);
-        for (const Json& e : events) {
-            BOOST_TEST_REQUIRE(at < lines.size(), name);
-            BOOST_TEST(lines[at++] == fmt::format("  node {} ({}), in {}: {}", e.at("node").get<std::uint32_t>(),
-                                                  e.at("op").get<std::string>(), e.at("run").get<std::string>(),
-                                                  e.at("what").get<std::string>()),
-                       name);
-        }
-    }
+    expect_event_lines(lines, at, json.at("events"), name);
     BOOST_TEST_REQUIRE(at < lines.size(), name);
     BOOST_TEST(lines[at].starts_with("leaf gradients: "), name << ": " << lines[at]);
     ++at;
-    // "  {name:<18} {normwise:>9} {(predicted p):<21} {worst:>9} at {where:<12} {ULPs:>9} ULP {digits:>5} digits
-    //  top: …", each field padded to its width (the graphs here hold no longer names or numbers)
-    const std::regex leaf_line(R"(  (.{18}) (.{9}) (.{21}) (.{9}) at (.{12}) (.{9}) ULP (.{5}) digits   top: (.*))");
-    const std::regex branch_line(R"(      branch via node (\d+) \((\S+), input (\d+)\): normwise (\S+), (\S+) digits)");
-    const std::regex top_share(R"(node (\d+) \((.+)\), (\d+)% alone)");
-    const std::regex top_lost(R"(node (\d+) \((.+)\), alone it makes the gradient inf or NaN)");
-    for (const Json& leaf : json.at("leaves")) {
-        const std::string what = fmt::format("{}: leaf {}", name, leaf.at("name").get<std::string>());
-        BOOST_TEST_REQUIRE(at < lines.size(), what);
-        const std::string& line = lines[at++];
-        BOOST_TEST_REQUIRE(std::regex_match(line, m, leaf_line), what << ": " << line);
-        BOOST_TEST(trimmed(m.str(1)) == leaf.at("name").get<std::string>(), what);
-        const Json& gradient = leaf.at("gradient");
-        if (gradient.is_null()) {  // nothing measured: no figure
-            BOOST_TEST(trimmed(m.str(2)) == "-", what << ": normwise " << m.str(2));
-            BOOST_TEST(trimmed(m.str(4)) == "-", what << ": worst element " << m.str(4));
-            BOOST_TEST(trimmed(m.str(5)).empty(), what << ": at " << m.str(5));
-            BOOST_TEST(trimmed(m.str(6)) == "-", what << ": ULPs " << m.str(6));
-            BOOST_TEST(trimmed(m.str(7)) == "-", what << ": digits " << m.str(7));
-        } else {
-            expect_shows_significant(trimmed(m.str(2)), gradient.at("normwise"), 2, what + ", normwise");
-            expect_shows_significant(trimmed(m.str(4)), gradient.at("worst_element"), 2, what + ", worst element");
-            BOOST_TEST(trimmed(m.str(5)) == gradient.at("worst_at").get<std::string>(), what);
-            expect_shows_significant(trimmed(m.str(6)), gradient.at("ulps"), 3, what + ", ULPs");
-            expect_shows_decimals(trimmed(m.str(7)), gradient.at("digits_lost"), 1, what + ", digits");
-        }
-        const std::string predicted = trimmed(m.str(3));
-        if (predicted.empty()) {
-            BOOST_TEST(leaf.at("predicted").is_null(),
-                       what << ": no prediction shown, the JSON " << leaf.at("predicted"));
-        } else {
-            BOOST_TEST_REQUIRE((predicted.starts_with("(predicted ") && predicted.ends_with(")")),
-                               what << ": " << predicted);
-            expect_shows_significant(predicted.substr(11, predicted.size() - 12), leaf.at("predicted"), 2,
-                                     what + ", predicted");
-        }
-        const std::string top = m.str(8);
-        std::smatch t;
-        if (leaf.at("top_contributor_op").get<std::string>().empty()) {
-            // No contributor, and why: no gradient reaches the leaf, or no node loses anything locally
-            // (no candidate), or no contributor run was asked for (contributor_candidates = 0).
-            const bool any_loses = std::any_of(nodes.begin(), nodes.end(), [](const Json& n) {
-                return n.at("local_in_u").is_null() || n.at("local_in_u").get<double>() > 0;
-            });
-            const std::string why = gradient.is_null() ? "none (no gradient reaches it)"
-                                    : any_loses        ? "none (no contributor runs)"
-                                                       : "none (no node loses a digit)";
-            BOOST_TEST(top == why, what << ": top " << top);
-        } else if (std::regex_match(top, t, top_share)) {
-            BOOST_TEST(t.str(1) == std::to_string(leaf.at("top_contributor").get<std::uint32_t>()), what);
-            BOOST_TEST(t.str(2) == leaf.at("top_contributor_op").get<std::string>(), what);
-            BOOST_TEST_REQUIRE(leaf.at("top_contributor_share").is_number(), what);
-            expect_shows(t.str(3), Json(100 * leaf.at("top_contributor_share").get<double>()), 0.5, what + ", share");
-        } else {
-            BOOST_TEST_REQUIRE(std::regex_match(top, t, top_lost), what << ": top " << top);
-            BOOST_TEST(t.str(1) == std::to_string(leaf.at("top_contributor").get<std::uint32_t>()), what);
-            BOOST_TEST(t.str(2) == leaf.at("top_contributor_op").get<std::string>(), what);
-            BOOST_TEST(leaf.at("top_contributor_share").is_null(), what);
-        }
-        for (const Json& branch : leaf.at("branches")) {
-            BOOST_TEST_REQUIRE(at < lines.size(), what);
-            BOOST_TEST_REQUIRE(std::regex_match(lines[at], m, branch_line), what << ": " << lines[at]);
-            ++at;
-            BOOST_TEST(m.str(1) == std::to_string(branch.at("consumer").get<std::uint32_t>()), what);
-            BOOST_TEST(m.str(2) == branch.at("op").get<std::string>(), what);
-            BOOST_TEST(m.str(3) == std::to_string(branch.at("slot").get<std::uint32_t>()), what);
-            expect_shows_significant(m.str(4), branch.at("error").at("normwise"), 2, what + ", branch normwise");
-            expect_shows_decimals(m.str(5), branch.at("error").at("digits_lost"), 1, what + ", branch digits");
-        }
-    }
+    for (const Json& leaf : json.at("leaves")) expect_leaf_lines(lines, at, leaf, nodes, name);
     BOOST_TEST(at == lines.size(), name << ": lines past the last leaf: " << (at < lines.size() ? lines[at] : ""));
 }
 

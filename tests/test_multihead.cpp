@@ -1,7 +1,7 @@
 // Multi-head attention and the retrieval model through the 50-digit checker: every parameter and
 // the input embeddings (full mode on small sizes, fast mode on bigger ones), tied W_Q = W_K,
 // padding (padded keys never attended, padded query rows exactly zero), the key-value cache with
-// several heads, causality, and the fused-kernel switch's usage errors.
+// several heads, causality, the fused-kernel switch's usage errors and the kernels' names.
 #define BOOST_TEST_MODULE multihead
 #include "support.hpp"
 #include "models/retrieval.hpp"
@@ -219,6 +219,21 @@ BOOST_AUTO_TEST_CASE(the_fused_switch_refuses_what_the_fused_kernel_cannot_do) {
         BOOST_FAIL("fused with dropout did not throw");
     } catch (const usage_error& e) {
         BOOST_TEST(std::string(e.what()).find("dropout") != std::string::npos, e.what());
+    }
+}
+
+// The kernels by the names a command line gives (train_charlm --kernel, train_retrieval): each name
+// gives its kernel back, and a near miss (another case, a prefix, a longer word, a trailing space,
+// nothing) is refused with the word at fault.
+BOOST_AUTO_TEST_CASE(a_kernel_is_named_composed_or_fused) {
+    BOOST_TEST(attention_kernel_name(AttentionKernel::composed) == "composed");
+    BOOST_TEST(attention_kernel_name(AttentionKernel::fused) == "fused");
+    for (const AttentionKernel kernel : {AttentionKernel::composed, AttentionKernel::fused})
+        BOOST_TEST((attention_kernel_from(attention_kernel_name(kernel)) == kernel));
+    for (const std::string_view word : {"Fused", "fuse", "fusedd", "composed ", ""}) {
+        BOOST_TEST(testing::message_of<usage_error>([word] { (void)attention_kernel_from(word); }) ==
+                       fmt::format("attention kernel must be 'composed' or 'fused', not '{}'", word),
+                   "'" << word << "'");
     }
 }
 
