@@ -1,10 +1,11 @@
 // The models' new ops (dropout, embedding, cross_entropy, split_heads, merge_heads) through the
 // generic 50-digit checker, one line per op, on random shapes; then their specific promises:
-// errors that name the fault, dropout's determinism and scaling, embedding's summed repeated
-// rows, cross-entropy's stability at logits of ±1e4.
+// errors that name the fault, dropout's determinism and scaling, its keep-mask drawn as documented,
+// embedding's summed repeated rows, cross-entropy's stability at logits of ±1e4.
 #define BOOST_TEST_MODULE models_ops
 #include "support.hpp"
 
+#include <cmath>
 #include <functional>
 #include <limits>
 
@@ -108,6 +109,52 @@ BOOST_AUTO_TEST_CASE(dropout_rejects_p_outside_zero_one) {
     }
     BOOST_TEST(message_of<value_error>([&] { dropout(X, 1.0, generator); }).find("outside [0, 1)") !=
                std::string::npos);
+}
+
+// draw_keep_mask's promise, element by element: element k is kept exactly when u_k >= p, where u_k is
+// the generator's k-th raw 64-bit output less its low 11 bits, times 2^-53 (so one seed gives one
+// mask with every standard library); it draws once per element, in order, and no more. At p = 0
+// everything is kept; just below 1, almost nothing. The shapes run from one element to several
+// batches, the first and last elements included.
+BOOST_AUTO_TEST_CASE(the_keep_mask_is_the_documented_draw_element_by_element) {
+    const double below_one = std::nextafter(1.0, 0.0);
+    for (const double p : {0.0, 0.1, 0.5, 0.75, below_one}) {
+        for (const Shape& shape : {Shape{1}, Shape{3, 7}, Shape{2, 3, 5}}) {
+            std::mt19937_64 generator(29), replay(29);
+            const Tensor<double> keep = draw_keep_mask(shape, p, generator);
+            BOOST_TEST_REQUIRE((keep.shape() == shape));
+            std::size_t kept = 0;
+            for (std::size_t k = 0; k < keep.size(); ++k) {
+                const double u = static_cast<double>(replay() >> 11) * 0x1.0p-53;
+                BOOST_TEST(keep[k] == (u >= p ? 1.0 : 0.0), "p = " << p << ", element " << k);
+                kept += keep[k] == 1.0;
+            }
+            BOOST_TEST((generator == replay), "p = " << p << ": one draw per element, " << keep.size());
+            if (p == 0.0) BOOST_TEST(kept == keep.size());
+            if (p == below_one) BOOST_TEST(kept == 0u);  // u >= 1 - 2^-53 needs all 53 bits set
+        }
+    }
+}
+
+// check_dropout_probability names its caller and p; [0, 1) is accepted to its ends, and the keep-mask
+// refuses what it refuses, before drawing anything.
+BOOST_AUTO_TEST_CASE(the_dropout_probability_is_checked_in_zero_to_one) {
+    for (const double p : {0.0, -0.0, 0.5, std::nextafter(1.0, 0.0)}) {
+        BOOST_CHECK_NO_THROW(check_dropout_probability("attention", p));
+    }
+    for (const double p :
+         {1.0, -0.25, 1.5, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+        BOOST_TEST(message_of<value_error>([p] { check_dropout_probability("attention", p); }) ==
+                       fmt::format("attention: dropout probability p = {} is outside [0, 1)", p),
+                   "p = " << p);
+        std::mt19937_64 generator(3);
+        const std::mt19937_64 untouched = generator;
+        const auto draw = [&] { (void)draw_keep_mask(Shape{2, 2}, p, generator); };
+        BOOST_TEST(
+            message_of<value_error>(draw) == fmt::format("dropout: dropout probability p = {} is outside [0, 1)", p),
+            "p = " << p);
+        BOOST_TEST((generator == untouched), "p = " << p << ": a refused p draws nothing");
+    }
 }
 
 BOOST_AUTO_TEST_CASE(embedding_sums_the_gradient_of_a_repeated_index) {
