@@ -282,11 +282,12 @@ std::vector<float> special_float_draws(std::size_t count, std::mt19937_64& rng) 
     return x;
 }
 
-// An operand's n elements as bfloat16 bit patterns: its own, or its floats rounded (bfloat16_from_float).
+// An operand's n elements as bfloat16 bit patterns: its own, or its floats rounded one by one
+// (round_to_bfloat16, the scalar rounding the level's vectorised one is held to).
 std::vector<std::uint16_t> bits_of(kernels::Bf16Operand x, std::size_t n) {
     if (x.bits() != nullptr) return {x.bits(), x.bits() + n};
     std::vector<std::uint16_t> bits(n);
-    for (std::size_t i = 0; i < n; ++i) bits[i] = bfloat16_from_float(x.floats()[i]);
+    round_to_bfloat16(std::span(x.floats(), n), bits);
     return bits;
 }
 
