@@ -136,6 +136,12 @@ void gemm(Form form, std::size_t m, std::size_t n, std::size_t k, const T* A, co
     }
 }
 
+/// x[0..n) rounded to bfloat16 into out[0..n), as bfloat16_from_float (autodiff/low_precision.hpp)
+/// rounds each, at the active CPU level (vectorised; the same bits at every level).
+inline void round_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
+    engine_kernels<float>().round_to_bf16(x, n, out);
+}
+
 namespace detail {
 /// n elements of a bfloat16 operand as the floats they are: bit patterns widened (the high half of
 /// a float's bits, exact); floats rounded to bfloat16 first, by the level's vectorised rounding
@@ -146,7 +152,7 @@ inline std::unique_ptr<float[]> widened_bf16(Bf16Operand x, std::size_t n) {
     const std::uint16_t* bits = x.bits();
     if (bits == nullptr) {
         rounded = std::make_unique_for_overwrite<std::uint16_t[]>(n);
-        engine_kernels<float>().round_to_bf16(x.floats(), n, rounded.get());
+        round_to_bf16(x.floats(), n, rounded.get());
         bits = rounded.get();
     }
     std::unique_ptr<float[]> out = std::make_unique_for_overwrite<float[]>(n);
@@ -211,12 +217,6 @@ inline void gemm_bf16(Form form, std::size_t m, std::size_t n, std::size_t k, Bf
     for_each_block(m, n, k, [&](Block block) {
         engine_kernels<float>().gemm_bf16_block(form, m, n, k, A, B, C, accumulate, block);
     });
-}
-
-/// x[0..n) rounded to bfloat16 into out[0..n), as bfloat16_from_float (autodiff/low_precision.hpp)
-/// rounds each, at the active CPU level (vectorised; the same bits at every level).
-inline void round_to_bf16(const float* x, std::size_t n, std::uint16_t* out) {
-    engine_kernels<float>().round_to_bf16(x, n, out);
 }
 
 }  // namespace tapegrad::kernels
