@@ -327,6 +327,60 @@ BOOST_AUTO_TEST_CASE(progress_is_reported_from_the_calling_thread_and_changes_no
     }
 }
 
+// CheckOptions::progress over several stages: X feeds matmul and exp, so the check has its main stage
+// ("full check" or "fast check") and a stage per branch of X. Each stage's calls count up from the
+// start of that stage with its seconds since the stage began, and each stage's last call counts its
+// whole share (done == mine == all, one process), at one and two threads, in both modes: not only
+// the first stage.
+BOOST_AUTO_TEST_CASE(progress_ends_every_stage_with_its_whole_share) {
+    std::mt19937_64 rng(31);
+    const NamedTensor leaves[] = {{"X", testing::random_tensor({3, 4}, rng)},
+                                  {"W", testing::random_tensor({4, 4}, rng)}};
+    const auto graph = [](auto in) {
+        auto [X, W] = in;
+        return sum(exp(scale(matmul(X, W), scalar_of<decltype(X)>(0.25)))) + sum(exp(X));
+    };
+    for (const CheckOptions::Mode mode : {CheckOptions::Mode::full, CheckOptions::Mode::fast}) {
+        for (const unsigned threads : {1u, 2u}) {
+            BOOST_TEST_CONTEXT((mode == CheckOptions::Mode::full ? "full" : "fast") << ", " << threads << " threads") {
+                const ThreadsFor setting(threads);
+                std::vector<CheckProgress> calls;
+                std::vector<std::string> stages;  // CheckProgress::stage views a string the check owns
+                CheckOptions options;
+                options.mode = mode;
+                options.progress = [&](const CheckProgress& p) {
+                    calls.push_back(p);
+                    stages.emplace_back(p.stage);
+                };
+                const CheckReport report = check_gradients(graph, leaves, options);
+                BOOST_TEST_REQUIRE(report.passed, report.summary());
+                BOOST_TEST_REQUIRE(!calls.empty());
+                BOOST_TEST(stages.front() == (mode == CheckOptions::Mode::full ? "full check" : "fast check"));
+                std::size_t stage_count = 0, branch_stages = 0;
+                for (std::size_t i = 0; i < calls.size(); ++i) {
+                    const bool first = i == 0 || stages[i] != stages[i - 1];
+                    const bool last = i + 1 == calls.size() || stages[i + 1] != stages[i];
+                    stage_count += first;
+                    branch_stages += first && stages[i].starts_with("branch X via ");
+                    BOOST_TEST(calls[i].mine == calls[i].all, stages[i]);
+                    BOOST_TEST(calls[i].done <= calls[i].mine, stages[i]);
+                    if (!first) {
+                        BOOST_TEST(calls[i].done > calls[i - 1].done, stages[i] << ", call " << i);
+                        BOOST_TEST(calls[i].seconds >= calls[i - 1].seconds, stages[i] << ", call " << i);
+                    }
+                    if (last) {
+                        BOOST_TEST(calls[i].done == calls[i].mine, stages[i] << ": its last call");
+                        // 50-digit finite differences take far longer than the clock's tick.
+                        BOOST_TEST(calls[i].seconds > 0.0, stages[i] << ": its last call's seconds");
+                    }
+                }
+                BOOST_TEST(branch_stages == 2u);  // X via matmul and via exp
+                BOOST_TEST(stage_count == 1 + branch_stages);
+            }
+        }
+    }
+}
+
 // Fast mode compares `directions` directional derivatives (5 here, not the default 3), and the
 // report carries the seed it drew them from.
 BOOST_AUTO_TEST_CASE(fast_mode_compares_as_many_directions_as_asked_from_the_seed_given) {
