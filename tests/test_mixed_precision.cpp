@@ -319,6 +319,50 @@ BOOST_AUTO_TEST_CASE(forward_and_vjp_are_the_float32_sum_of_bfloat16_products) {
     }
 }
 
+// The VJP rounds G once when both products read it (MatMulBf16::RoundedOnce): each gradient is,
+// bit for bit, kernels::gemm_bf16 of the floats, which rounds its operands itself. With both
+// inputs wanting a gradient (G rounded once) and with one (the floats passed on), B shared or one
+// per matrix, k odd and even, sizes past a tile (8 rows, 48 columns) in every direction; and at
+// every CPU level by this test's reruns (the widened product there, vdpbf16ps here).
+BOOST_AUTO_TEST_CASE(the_vjp_gives_the_bits_of_each_product_rounding_its_own_operands) {
+    std::mt19937_64 rng(11);
+    const auto same_bits = [](const Tensor<float>& got, const std::vector<float>& want) {
+        if (got.size() != want.size()) return false;
+        for (std::size_t x = 0; x < want.size(); ++x)
+            if (std::bit_cast<std::uint32_t>(got[x]) != std::bit_cast<std::uint32_t>(want[x])) return false;
+        return true;
+    };
+    const std::size_t batch = 2;
+    for (const bool shared : {true, false})
+        for (const auto& [m, k, n] : {std::array<std::size_t, 3>{5, 7, 3}, {37, 20, 50}, {19, 64, 97}})
+            for (const bool want_dA : {true, false})
+                for (const bool want_dB : {true, false}) {
+                    if (!want_dA && !want_dB) continue;
+                    Tape<float> tape;
+                    tape.set_product_precision(ProductPrecision::bfloat16);
+                    const Tensor<float> a = uniform_tensor(Shape{batch, m, k}, rng, -1, 1);
+                    const Tensor<float> b = uniform_tensor(shared ? Shape{k, n} : Shape{batch, k, n}, rng, -1, 1);
+                    const Tensor<float> G = uniform_tensor(Shape{batch, m, n}, rng, -1, 1);
+                    const Var<float> A = tape.leaf(a, "A", want_dA);
+                    const Var<float> B = tape.leaf(b, "B", want_dB);
+                    tape.backward(matmul(A, B), G);
+                    // A shared B sees the batch as one matrix of batch·m rows.
+                    const std::size_t matrices = shared ? 1 : batch, rows = shared ? batch * m : m;
+                    std::vector<float> dA(a.size()), dB(b.size());
+                    for (std::size_t s = 0; s < matrices; ++s) {
+                        const float* const G_s = G.data().data() + s * rows * n;
+                        const float* const a_s = a.data().data() + s * rows * k;
+                        const float* const b_s = b.data().data() + s * k * n;
+                        kernels::gemm_bf16(kernels::Form::abT, rows, k, n, G_s, b_s, dA.data() + s * rows * k, false);
+                        kernels::gemm_bf16(kernels::Form::aTb, k, n, rows, a_s, G_s, dB.data() + s * k * n, false);
+                    }
+                    const std::string where =
+                        fmt::format("m {} k {} n {} shared {} dA {} dB {}", m, k, n, shared, want_dA, want_dB);
+                    if (want_dA) BOOST_TEST(same_bits(A.grad(), dA), where);
+                    if (want_dB) BOOST_TEST(same_bits(B.grad(), dB), where);
+                }
+}
+
 BOOST_AUTO_TEST_CASE(the_recorded_check_accepts_a_bfloat16_tape_and_rejects_a_fault_of_its_float_path) {
     Tape<float> tape;
     tape.set_product_precision(ProductPrecision::bfloat16);
