@@ -62,18 +62,31 @@ struct MatMulBf16 {
             MatMul::vjp_all<T>(s, at, grads);
         } else {
             const MatMul::Dims d = MatMul::dims(*at.in[0], *at.in[1]);
-            const RoundedOnce G(at.G, grads[0] != nullptr && grads[1] != nullptr);
+            // G feeds both products. When both are wanted it is rounded to bfloat16 once, here, into
+            // the bits each product would round it to as it packs it (kernels::round_to_bf16 is that
+            // rounding): one pass over G instead of two, and dA's product reads G's rows in place.
+            // With one wanted, the floats, which that product rounds. (In this template, not a class
+            // of its own: a program that does not instantiate it compiles none of it.)
+            std::vector<std::uint16_t> G_bits;
+            if (grads[0] != nullptr && grads[1] != nullptr) {
+                G_bits.resize(at.G.size());
+                kernels::round_to_bf16(at.G.data().data(), at.G.size(), G_bits.data());
+            }
+            const auto G_at = [&](std::size_t offset) -> kernels::Bf16Operand {
+                if (G_bits.empty()) return at.G.data().data() + offset;
+                return G_bits.data() + offset;
+            };
             if (Tensor<float>* dA = grads[0]; dA != nullptr) {  // dA = G·Bᵀ
                 const float* const b = at.in[1]->data().data();
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G.at(n * d.m * d.n), b + n * d.k * d.n,
+                    kernels::gemm_bf16(kernels::Form::abT, d.m, d.k, d.n, G_at(n * d.m * d.n), b + n * d.k * d.n,
                                        dA->data().data() + n * d.m * d.k, false);
                 }
             }
             if (Tensor<float>* dB = grads[1]; dB != nullptr) {  // dB = Aᵀ·G
                 const float* const a = at.in[0]->data().data();
                 for (std::size_t n = 0; n < d.batch; ++n) {
-                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a + n * d.m * d.k, G.at(n * d.m * d.n),
+                    kernels::gemm_bf16(kernels::Form::aTb, d.k, d.n, d.m, a + n * d.m * d.k, G_at(n * d.m * d.n),
                                        dB->data().data() + n * d.k * d.n, false);
                 }
             }
@@ -84,30 +97,6 @@ struct MatMulBf16 {
     static OpCost cost(const Settings& s, Inputs<T> in) {
         return MatMul::cost<T>(s, in);
     }
-
-private:
-    /// G as the two products of the VJP read it. When both are wanted it is rounded to bfloat16
-    /// once, here, into the bits each product would round it to as it packs it (kernels::round_to_bf16
-    /// is that rounding): one pass over G instead of one per product, and dA's product then reads
-    /// G's rows in place. With one product wanted, the floats, which that product rounds.
-    class RoundedOnce {
-    public:
-        RoundedOnce(const Tensor<float>& G, bool both) : floats_(G.data().data()) {
-            if (both) {
-                bits_.resize(G.size());
-                kernels::round_to_bf16(floats_, G.size(), bits_.data());
-            }
-        }
-        /// The operand from element `offset` on (a batch's matrix).
-        kernels::Bf16Operand at(std::size_t offset) const {
-            if (bits_.empty()) return floats_ + offset;
-            return bits_.data() + offset;
-        }
-
-    private:
-        const float* floats_;
-        std::vector<std::uint16_t> bits_;
-    };
 };
 
 template <Scalar T>

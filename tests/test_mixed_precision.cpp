@@ -319,7 +319,7 @@ BOOST_AUTO_TEST_CASE(forward_and_vjp_are_the_float32_sum_of_bfloat16_products) {
     }
 }
 
-// The VJP rounds G once when both products read it (MatMulBf16::RoundedOnce): each gradient is,
+// The VJP rounds G once when both products read it (ops/matmul_bf16.hpp): each gradient is,
 // bit for bit, kernels::gemm_bf16 of the floats, which rounds its operands itself. With both
 // inputs wanting a gradient (G rounded once) and with one (the floats passed on), B shared or one
 // per matrix, k odd and even, sizes past a tile (8 rows, 48 columns) in every direction; and at
