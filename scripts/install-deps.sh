@@ -10,7 +10,7 @@ export DEBIAN_FRONTEND=noninteractive
 "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
   g++ cmake make libboost-dev libboost-test-dev libboost-program-options-dev libfmt-dev libeigen3-dev \
   libboost-mpi-dev openmpi-bin python3-torch python3-numpy fortunes gnuplot-nox dpkg-dev pkgconf \
-  clang-14 libclang-rt-14-dev nlohmann-json3-dev doxygen libmpfi-dev libmpfr-dev ccache mold >/dev/null
+  clang-14 libclang-rt-14-dev nlohmann-json3-dev doxygen libmpfi-dev libmpfr-dev ccache mold qemu-user >/dev/null
 # libboost-mpi-dev, openmpi-bin: the distributed check and data-parallel training (TAPEGRAD_WITH_MPI);
 # python3-torch, python3-numpy: the PyTorch cross-check (tests/torch); fortunes: the char-LM's
 # corpus (examples/train_charlm, its CTest runs); gnuplot-nox: its curve picture (optional at run time);
@@ -21,4 +21,5 @@ export DEBIAN_FRONTEND=noninteractive
 # tapegrad::certify: optional, linked only by the programs that certify); ccache: .ci/run compiles
 # through it, so that a translation unit compiled twice with the same flags in one run (the library
 # in the Release tree and again in the add_subdirectory consumer test) is compiled once; mold: .ci/run
-# links its sanitizer trees with it (a test's link: GNU ld about 2 s, mold a fraction of that).
+# links its sanitizer trees with it (a test's link: GNU ld about 2 s, mold a fraction of that);
+# qemu-user: CTest runs the CPU-level dispatch under an emulated CPU without AVX-512 (tests/CMakeLists.txt).

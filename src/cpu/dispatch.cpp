@@ -54,7 +54,20 @@ bool cpu_supports(CpuLevel level) {
 #endif
 }
 
-// The level's table, or nullptr when the library was built without it (off x86-64).
+// The library holds the level's kernels: every level on x86-64, only baseline elsewhere. Known
+// without calling the level's table function, which may run the level's own instructions (the
+// avx512_bf16 table is built by copying the avx512 one with AVX-512 moves): on a CPU without the
+// level, calling it is an illegal instruction, so it is called only for a level the CPU supports.
+constexpr bool built_in([[maybe_unused]] CpuLevel level) {
+#if defined(TAPEGRAD_X86_LEVELS)
+    return true;
+#else
+    return level == CpuLevel::baseline;
+#endif
+}
+
+// The level's table, or nullptr when the library was built without it (off x86-64). Called only for
+// a level cpu_level_available() admits (see built_in).
 const KernelTable* table_of(CpuLevel level) {
     switch (level) {
         case CpuLevel::baseline: return tapegrad_kernels_baseline();
@@ -88,7 +101,8 @@ CpuLevel chosen_at_start() {
         if (cpu_level_name(level) != word) continue;
         if (!cpu_level_available(level)) {
             throw value_error(fmt::format("TAPEGRAD_CPU={}: this {} does not support it; available here: {}", word,
-                                          table_of(level) ? "CPU" : "build of tapegrad (not x86-64)", available_list()));
+                                          built_in(level) ? "CPU" : "build of tapegrad (not x86-64)",
+                                          available_list()));
         }
         return level;
     }
@@ -107,7 +121,7 @@ const KernelTable& active() { return *active_slot().load(std::memory_order_relax
 
 CpuLevel cpu_level() { return active().level; }
 
-bool cpu_level_available(CpuLevel level) { return table_of(level) != nullptr && cpu_supports(level); }
+bool cpu_level_available(CpuLevel level) { return built_in(level) && cpu_supports(level); }
 
 std::vector<CpuLevel> available_cpu_levels() {
     std::vector<CpuLevel> levels;
