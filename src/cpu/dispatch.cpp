@@ -54,27 +54,23 @@ bool cpu_supports(CpuLevel level) {
 #endif
 }
 
-// The library holds the level's kernels: every level on x86-64, only baseline elsewhere. Known
-// without calling the level's table function, which may run the level's own instructions (the
-// avx512_bf16 table is built by copying the avx512 one with AVX-512 moves): on a CPU without the
-// level, calling it is an illegal instruction, so it is called only for a level the CPU supports.
-constexpr bool built_in([[maybe_unused]] CpuLevel level) {
-#if defined(TAPEGRAD_X86_LEVELS)
-    return true;
-#else
-    return level == CpuLevel::baseline;
-#endif
-}
+using TableFunction = const KernelTable* (*)();
 
-// The level's table, or nullptr when the library was built without it (off x86-64). Called only for
-// a level cpu_level_available() admits (see built_in).
-const KernelTable* table_of(CpuLevel level) {
+// The function that makes the level's table, or nullptr when the library was built without the
+// level (off x86-64, every level but baseline). Handed out, not called: a table function may run the
+// level's own instructions (the avx512_bf16 table is built by copying the avx512 one with AVX-512
+// moves), which on a CPU without the level are an illegal instruction.
+TableFunction table_function_of(CpuLevel level) {
     switch (level) {
-        case CpuLevel::baseline: return tapegrad_kernels_baseline();
+        case CpuLevel::baseline:
+            return &tapegrad_kernels_baseline;
 #if defined(TAPEGRAD_X86_LEVELS)
-        case CpuLevel::avx2: return tapegrad_kernels_avx2();
-        case CpuLevel::avx512: return tapegrad_kernels_avx512();
-        case CpuLevel::avx512_bf16: return tapegrad_kernels_avx512_bf16();
+        case CpuLevel::avx2:
+            return &tapegrad_kernels_avx2;
+        case CpuLevel::avx512:
+            return &tapegrad_kernels_avx512;
+        case CpuLevel::avx512_bf16:
+            return &tapegrad_kernels_avx512_bf16;
 #else
         case CpuLevel::avx2:
         case CpuLevel::avx512:
@@ -83,6 +79,12 @@ const KernelTable* table_of(CpuLevel level) {
     }
     return nullptr;
 }
+
+// The library holds the level's kernels.
+bool built_in(CpuLevel level) { return table_function_of(level) != nullptr; }
+
+// The level's table, for a level cpu_level_available() admits only (see table_function_of).
+const KernelTable* table_of(CpuLevel level) { return table_function_of(level)(); }
 
 // The levels' words, comma-separated: the available ones, or all.
 std::string names_of(const auto& levels) {
